@@ -1,0 +1,235 @@
+"""Adapters between a stormdrop ``Database`` and MetaSchedule's JSON database directory.
+
+A MetaSchedule JSON database is two files in one directory: ``database_workload.json``
+(one workload a line) and ``database_tuning_record.json`` (one record a line).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import tvm
+import tvm.s_tir.meta_schedule as ms
+
+from . import _tvm
+from .database import (
+    Database,
+    WorkloadEntry,
+    _one_line,
+    candidate_key,
+    canonical_target,
+)
+from .errors import DatabaseError
+from .records import ErrorKind, MeasureResult, Phase, Record
+
+logger = logging.getLogger(__name__)
+
+WORKLOAD_FILE = "database_workload.json"
+RECORD_FILE = "database_tuning_record.json"
+_MS_FAILURE_SECS = 1e9  # MetaSchedule stores a failed run as run_secs=[1e10]
+
+
+def _target_kind(target_text: str) -> str:
+    try:
+        kind = json.loads(target_text).get("kind", "llvm")
+    except (ValueError, AttributeError):
+        return "llvm"
+    return str(kind)
+
+
+def _args_info(text: str, mod: tvm.IRModule) -> list[Any]:
+    """Rebuild ``ArgInfo`` objects from stored JSON, or derive them from the module."""
+    try:
+        return [ms.arg_info.ArgInfo.from_json(x) for x in json.loads(text)]
+    except Exception:  # old/empty args_info: derive it
+        return list(ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=True))
+
+
+def export_metaschedule(db: Database, out_dir: str, *, target: str | None = None) -> int:
+    """Write every valid record (optionally of one target) as a MetaSchedule JSON database.
+
+    Every workload is written; failed records are skipped. Existing database files in
+    ``out_dir`` are replaced (the new files are written aside and moved in at the end).
+    Returns the number of records written.
+    """
+    want = None if target is None else canonical_target(target)
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".stormdrop-export-", dir=out))
+    except OSError as e:
+        raise DatabaseError(
+            f"cannot write MetaSchedule database {out_dir}: {_one_line(e)}"
+        ) from None
+    written = 0
+    try:
+        jdb = ms.database.JSONDatabase(work_dir=str(tmp))
+        targets: dict[str, tvm.target.Target] = {}
+        for wl in db.workloads():
+            ms_wl = jdb.commit_workload(wl.mod)
+            for rec in db.records(wl.workload_id, want):
+                if not rec.ok or not rec.result.run_secs:
+                    continue
+                if rec.target not in targets:
+                    _tvm.load_tensor_intrinsics(_target_kind(rec.target))
+                    targets[rec.target] = tvm.target.Target(json.loads(rec.target))
+                try:
+                    trace = _tvm.schedule_from_trace_json(wl.mod, rec.trace_json).trace
+                except Exception as e:  # a stale trace must not stop the export
+                    logger.warning(
+                        "skipping record %s of %s: trace does not replay: %s",
+                        rec.record_id,
+                        wl.name,
+                        _one_line(e),
+                    )
+                    continue
+                jdb.commit_tuning_record(
+                    ms.database.TuningRecord(
+                        trace,
+                        ms_wl,
+                        run_secs=[float(x) for x in rec.result.run_secs],
+                        target=targets[rec.target],
+                        args_info=_args_info(rec.args_info_json, wl.mod),
+                    )
+                )
+                written += 1
+        del jdb
+        for name in (WORKLOAD_FILE, RECORD_FILE):
+            os.replace(tmp / name, out / name)
+    except OSError as e:
+        raise DatabaseError(
+            f"cannot write MetaSchedule database {out_dir}: {_one_line(e)}"
+        ) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return written
+
+
+def _read_json_lines(path: Path) -> list[tuple[int, Any]]:
+    """(line number, [a, b] pair) for every non-empty line of a MetaSchedule JSON file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise DatabaseError(f"cannot read {path}: {_one_line(e)}") from None
+    out = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise DatabaseError(f"malformed JSON in {path} line {lineno}: {_one_line(e)}") from None
+        if not isinstance(obj, list) or len(obj) != 2:
+            raise DatabaseError(f"malformed MetaSchedule entry in {path} line {lineno}")
+        out.append((lineno, obj))
+    return out
+
+
+def read_metaschedule(in_dir: str) -> list[Any]:
+    """The ``TuningRecord``s of a MetaSchedule JSON database directory, in file order.
+
+    (``JSONDatabase.get_all_tuning_records`` would return them sorted by time instead.)
+    Raises ``DatabaseError`` for a missing directory or file and for malformed content.
+    """
+    d = Path(in_dir)
+    if not d.is_dir():
+        raise DatabaseError(f"MetaSchedule database directory not found: {in_dir}")
+    path_wl, path_rec = d / WORKLOAD_FILE, d / RECORD_FILE
+    for p in (path_wl, path_rec):
+        if not p.is_file():
+            raise DatabaseError(f"MetaSchedule database file missing: {p}")
+    wl_lines = _read_json_lines(path_wl)
+    rec_lines = _read_json_lines(path_rec)
+    where = path_wl
+    try:
+        workloads = []
+        for lineno, obj in wl_lines:
+            where = f"{path_wl} line {lineno}"
+            workloads.append(ms.database.Workload.from_json(obj))
+        for lineno, (_, rec) in rec_lines:
+            where = f"{path_rec} line {lineno}"
+            _tvm.load_tensor_intrinsics(str(rec[2]["kind"]))
+        records = []
+        for lineno, (index, rec) in rec_lines:
+            where = f"{path_rec} line {lineno}"
+            if not isinstance(index, int) or not 0 <= index < len(workloads):
+                raise ValueError(f"workload index {index!r} out of range")
+            records.append(ms.database.TuningRecord.from_json(rec, workloads[index]))
+    except Exception as e:  # TVM raises assorted errors for bad entries
+        raise DatabaseError(f"malformed MetaSchedule entry in {where}: {_one_line(e)}") from None
+    return records
+
+
+def _flops(mod: tvm.IRModule) -> int:
+    try:
+        from tvm.s_tir.analysis import estimate_tir_flops
+
+        return int(estimate_tir_flops(mod))
+    except Exception:  # FLOPs are informative only
+        return 0
+
+
+def import_metaschedule(db: Database, in_dir: str) -> int:
+    """Import a MetaSchedule JSON database directory into ``db`` in one transaction.
+
+    Workloads are named ``imported_<shash>`` (op class ``imported``); MetaSchedule's
+    failure marker (run_secs >= 1e9) becomes a ``RUN_ERROR`` record. Returns the number
+    of records imported (candidates already in ``db`` are skipped).
+    """
+    ms_records = read_metaschedule(in_dir)
+    prepared: list[tuple[tvm.IRModule, Record]] = []
+    now = time.time()
+    for rec in ms_records:
+        if rec.target is None:
+            logger.warning("skipping a MetaSchedule record without target")
+            continue
+        mod = rec.workload.mod
+        trace_json = _tvm.trace_to_json(rec.trace)
+        secs = [float(x) for x in _tvm.to_py(list(rec.run_secs or []))]
+        if secs and all(s < _MS_FAILURE_SECS for s in secs):
+            result = MeasureResult(run_secs=tuple(secs))
+        else:
+            result = MeasureResult.failure(ErrorKind.RUN_ERROR, "imported failure")
+        infos = rec.args_info
+        if infos is None:
+            infos = ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=True)
+        record = Record(
+            workload_id=-1,
+            target=canonical_target(rec.target),
+            candidate_key=candidate_key(trace_json),
+            trace_json=trace_json,
+            args_info_json=json.dumps([_tvm.to_py(a.as_json()) for a in infos]),
+            result=result,
+            phase=Phase.STORM,
+            measured_at=now,
+            versions=f"imported:metaschedule tvm={tvm.__version__}",
+        )
+        prepared.append((mod, record))
+
+    imported = 0
+    with db.transaction():
+        entries: dict[int, WorkloadEntry] = {}
+        for mod, record in prepared:
+            key = id(mod)
+            if key not in entries:
+                entry = db.find_workload(mod)
+                if entry is None:
+                    entry = db.commit_workload(
+                        mod,
+                        name=f"imported_{ms.utils.shash2hex(mod)}",
+                        op_class="imported",
+                        flops=_flops(mod),
+                    )
+                entries[key] = entry
+            _, new = db._commit_record(replace(record, workload_id=entries[key].workload_id))
+            imported += int(new)
+    return imported

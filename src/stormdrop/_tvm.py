@@ -1,0 +1,77 @@
+"""The one place where stormdrop works around rough edges of TVM 0.27.
+
+- ``import tvm.s_tir.tensor_intrin`` (done by every ``TuneContext`` and by
+  MetaSchedule's builder) imports the intrinsics of every backend; the CUDA ones
+  alone take ~22 s of a ~32 s import on a 2-core x86 machine. For CPU targets we
+  register only the x86/ARM intrinsics the LLVM backend can use, by putting a
+  package object in ``sys.modules`` whose ``__init__`` has not run
+  (``load_tensor_intrinsics``). For CUDA the real package is imported.
+- ``Trace.as_json`` holds ``IntImm``/``FloatImm`` that ``json.dumps`` cannot
+  serialize, and ``tvm.ir.load_json`` of a saved Trace segfaults when replayed:
+  traces travel as plain JSON (``trace_to_json`` / ``schedule_from_trace_json``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import types
+from typing import Any
+
+import tvm
+from tvm.s_tir import Schedule, Trace
+from tvm.tirx import FloatImm, IntImm
+
+_INTRIN_PKG = "tvm.s_tir.tensor_intrin"
+
+
+def load_tensor_intrinsics(target_kind: str) -> None:
+    """Register the tensor intrinsics needed for ``target_kind``, cheaply for CPUs."""
+    if target_kind != "llvm":
+        import tvm.s_tir.tensor_intrin  # noqa: F401  (all backends; slow but needed for GPUs)
+
+        return
+    if _INTRIN_PKG in sys.modules:
+        return
+    spec = importlib.util.find_spec(_INTRIN_PKG)
+    if spec is None or spec.submodule_search_locations is None:  # pragma: no cover
+        return
+    pkg = types.ModuleType(_INTRIN_PKG)
+    pkg.__path__ = list(spec.submodule_search_locations)
+    pkg.__spec__ = spec
+    pkg.__package__ = _INTRIN_PKG
+    sys.modules[_INTRIN_PKG] = pkg
+    try:
+        importlib.import_module(_INTRIN_PKG + ".x86")
+        importlib.import_module(_INTRIN_PKG + ".arm_cpu")
+    except Exception:  # pragma: no cover - fall back to the full import
+        del sys.modules[_INTRIN_PKG]
+        import tvm.s_tir.tensor_intrin  # noqa: F401
+
+
+def to_py(obj: Any) -> Any:
+    """Convert TVM containers/immediates of a trace JSON object into plain Python."""
+    if isinstance(obj, (list, tuple)) or type(obj).__name__ == "Array":
+        return [to_py(x) for x in obj]
+    if isinstance(obj, IntImm):
+        return int(obj.value)
+    if isinstance(obj, FloatImm):
+        return float(obj.value)
+    if isinstance(obj, (bool, int, float, str)) or obj is None:
+        return obj
+    if hasattr(obj, "value"):
+        return to_py(obj.value)
+    return str(obj)
+
+
+def trace_to_json(trace: Trace, remove_postproc: bool = False) -> str:
+    """The trace as canonical JSON text (decisions included)."""
+    return json.dumps(to_py(trace.as_json(remove_postproc=remove_postproc)), separators=(",", ":"))
+
+
+def schedule_from_trace_json(mod: tvm.IRModule, text: str) -> Schedule:
+    """Replay a stored trace (as written by ``trace_to_json``) on ``mod``."""
+    sch = Schedule(mod)
+    Trace.apply_json_to_schedule(json.loads(text), sch)
+    return sch

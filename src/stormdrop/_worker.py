@@ -1,0 +1,170 @@
+"""Code that runs inside stormdrop's persistent measurement worker processes.
+
+A worker imports TVM once and then serves requests over a pipe until told to
+stop, so no per-batch process start or re-import is paid (MetaSchedule's
+``LocalBuilder`` pays both on every ``build()`` call). Requests are tuples
+``(command, payload)``; replies are ``("ok", value)`` or ``("error", message)``.
+Builder workers answer ``build``; runner workers answer ``reference`` and ``run``.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from typing import Any
+
+
+def serve(conn: Any, role: str, target_json: str, rpc: dict | None) -> None:
+    """Worker main loop (entry point of the child process)."""
+    os.environ.setdefault("TVM_NUM_THREADS", "")
+    import tvm  # noqa: F401  (imported once per worker)
+
+    from . import _tvm
+    from .target import from_canonical
+
+    target = from_canonical(target_json)
+    _tvm.load_tensor_intrinsics(target.kind.name)
+    state = _RunnerState(target, rpc) if role == "runner" else None
+    while True:
+        try:
+            command, payload = conn.recv()
+        except EOFError:
+            return
+        if command == "stop":
+            return
+        try:
+            if command == "build":
+                value = _build(target, *payload)
+            elif command == "reference" and state is not None:
+                value = state.reference(*payload)
+            elif command == "run" and state is not None:
+                value = state.run(*payload)
+            else:
+                raise ValueError(f"unknown command {command!r} for a {role} worker")
+            conn.send(("ok", value))
+        except Exception as err:  # noqa: BLE001 - every failure is reported, never fatal
+            msg = f"{type(err).__name__}: {err}".strip()
+            conn.send(("error", msg[-3000:] or traceback.format_exc()[-3000:]))
+
+
+def _build(target: Any, mod_json: str, out_path: str) -> str:
+    import tvm
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    mod = tvm.ir.load_json(mod_json)
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    rt_mod = tvm.build(mod, target=target)
+    rt_mod.export_library(out_path)
+    return out_path
+
+
+class _RunnerState:
+    """Inputs and reference outputs per workload, and the device to time on."""
+
+    def __init__(self, target: Any, rpc: dict | None) -> None:
+        import tvm
+
+        self.target = target
+        self.rpc = rpc
+        self.session = None
+        if rpc:
+            from tvm import rpc as tvm_rpc
+
+            tracker = tvm_rpc.connect_tracker(rpc["host"], int(rpc["port"]))
+            self.session = tracker.request(rpc["key"], priority=1, session_timeout=int(rpc.get("session_timeout", 600)))
+        kind = "cuda" if target.kind.name == "cuda" else "cpu"
+        self.dev = self.session.device(kind) if self.session else (tvm.cuda(0) if kind == "cuda" else tvm.cpu(0))
+        self.inputs: dict[str, list[Any]] = {}
+        self.expected: dict[str, list[Any]] = {}
+        self.outputs: dict[str, list[int]] = {}
+
+    def reference(self, key: str, mod_json: str, seed: int) -> list[list[Any]]:
+        """Random inputs for ``key`` and the outputs of its untuned (or reference) build."""
+        import numpy as np
+        import tvm
+        from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+        mod = tvm.ir.load_json(mod_json)
+        rng = np.random.default_rng(seed)
+        arrays = []
+        for info in ArgInfo.from_prim_func(mod["main"]):
+            shape = [int(x) for x in info.shape]
+            dtype = str(info.dtype)
+            if dtype.startswith(("int", "uint")):
+                arr = rng.integers(0, 8, size=shape).astype(dtype)
+            else:
+                arr = rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
+            arrays.append(arr)
+        if self.target.kind.name == "cuda":
+            from tvm.s_tir import dlight as dl
+
+            with self.target:
+                mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                              dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
+        rt_mod = tvm.build(mod, target=self.target)
+        dev = tvm.cuda(0) if self.target.kind.name == "cuda" else tvm.cpu(0)
+        args = [tvm.runtime.tensor(a, dev) for a in arrays]
+        rt_mod["main"](*args)
+        results = [a.numpy() for a in args]
+        self.outputs[key] = [i for i, (a, r) in enumerate(zip(arrays, results)) if not np.array_equal(a, r)]
+        if not self.outputs[key]:  # outputs that happen to equal their random start: check the last arg
+            self.outputs[key] = [len(arrays) - 1]
+        self.inputs[key] = arrays
+        self.expected[key] = results
+        return [[len(arrays)], self.outputs[key]]
+
+    def run(self, key: str, artifact: str, number: int, repeat: int, min_repeat_ms: float,
+            cache_flush: bool, check: bool) -> dict:
+        import numpy as np
+        import tvm
+
+        if self.session is not None:
+            self.session.upload(artifact)
+            rt_mod = self.session.load_module(os.path.basename(artifact))
+        else:
+            rt_mod = tvm.runtime.load_module(artifact)
+        args = [tvm.runtime.tensor(a, self.dev) for a in self.inputs[key]]
+        wrong = ""
+        if check:
+            rt_mod["main"](*args)
+            self.dev.sync()
+            for i in self.outputs[key]:
+                got, want = args[i].numpy(), self.expected[key][i]
+                if got.shape != want.shape:
+                    wrong = f"output {i}: shape {got.shape} != {want.shape}"
+                    break
+                if np.issubdtype(want.dtype, np.floating):
+                    tol = 1e-3 * max(1.0, float(np.max(np.abs(want))) if want.size else 1.0)
+                    bad = ~np.isclose(got, want, rtol=1e-3, atol=tol)
+                else:
+                    bad = got != want
+                if bad.any():
+                    idx = np.unravel_index(int(np.argmax(bad)), bad.shape)
+                    wrong = (f"output {i}: {int(bad.sum())} of {bad.size} elements differ "
+                             f"from the reference (at {tuple(int(x) for x in idx)}: {got[idx]} vs {want[idx]})")
+                    break
+        if wrong:
+            return {"wrong": wrong}
+        evaluator = rt_mod.time_evaluator(
+            "main", self.dev, number=int(number), repeat=int(repeat), min_repeat_ms=int(min_repeat_ms),
+            f_preproc="cache_flush_cpu_non_first_arg" if cache_flush else "",
+        )
+        secs = [float(x) for x in evaluator(*args).results]
+        if self.session is not None:
+            self.session.remove(os.path.basename(artifact))
+        return {"run_secs": secs}
+
+
+def main(argv: list[str]) -> None:
+    """``python -m stormdrop._worker FD ROLE TARGET_JSON RPC_JSON``."""
+    import json
+    from multiprocessing.connection import Connection
+
+    fd, role, target_json, rpc_json = int(argv[0]), argv[1], argv[2], argv[3]
+    serve(Connection(fd), role, target_json, json.loads(rpc_json))
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

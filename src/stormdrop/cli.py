@@ -1,0 +1,194 @@
+"""The ``stormdrop`` command. Bad input: one error line and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from . import __version__
+from .errors import SpecError, StormdropError
+
+log = logging.getLogger("stormdrop")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
+        raise SpecError(message)
+
+
+def _positive(kind: type):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"expected a non-negative value, got {text!r}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="stormdrop", description="Explore as a storm, exploit as a raindrop: "
+                "an auto-scheduler for deep-learning kernels on Apache TVM.")
+    p.add_argument("--version", action="version", version=f"stormdrop {__version__}")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    t = sub.add_parser("tune", help="tune a kernel")
+    t.add_argument("--kernel", required=True, metavar="SPEC",
+                   help="built-in 'matmul:M=512,N=512,K=512' (see `stormdrop ops`) or 'file.py:function'")
+    t.add_argument("--target", default=None, help='TVM target as JSON dict or tag, "llvm" or "cuda" (default: host CPU)')
+    t.add_argument("--trials", type=_positive(int), default=64, help="storm (exploration) candidates (default 64)")
+    t.add_argument("--exploit-trials", type=_positive(int), default=None,
+                   help="raindrop (exploitation) candidates at most (default: same as --trials)")
+    t.add_argument("--time-budget", type=_positive(float), default=None, metavar="SECONDS")
+    t.add_argument("--db", default=None, help="SQLite database (default: per-user data directory)")
+    t.add_argument("--json", default=None, metavar="PATH", help="write the result as JSON")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--pvalue", type=float, default=0.05, help="raindrop acceptance threshold (t-test)")
+    t.add_argument("--batch-size", type=_positive(int), default=16, help="storm candidates per batch")
+    t.add_argument("--repeat", type=_positive(int), default=5, help="timed samples per candidate")
+    t.add_argument("--min-repeat-ms", type=_positive(float), default=20.0)
+    t.add_argument("--cache-flush", action="store_true", help="flush the CPU cache before each sample")
+    t.add_argument("--build-timeout", type=_positive(float), default=60.0)
+    t.add_argument("--run-timeout", type=_positive(float), default=30.0)
+    t.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT", help="time on a device of this RPC tracker")
+    t.add_argument("--rpc-key", default=None, help="device key at the RPC tracker")
+    t.add_argument("--no-progress", action="store_true")
+
+    s = sub.add_parser("show", help="best record per workload")
+    s.add_argument("--db", default=None)
+
+    e = sub.add_parser("export", help="write the database in another format")
+    e.add_argument("--db", default=None)
+    e.add_argument("--format", default="metaschedule", choices=["metaschedule"])
+    e.add_argument("--out", required=True, metavar="DIR")
+
+    i = sub.add_parser("import", help="read a MetaSchedule JSON database directory")
+    i.add_argument("--db", default=None)
+    i.add_argument("dir", metavar="DIR")
+
+    sub.add_parser("ops", help="list the built-in operators and their parameters")
+    return p
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from .measure import MeasureConfig
+    from .report import task_table
+    from .storm import StormConfig
+    from .target import describe, parse_target
+    from .tune import tune_kernel
+    from .workloads import parse_kernel
+
+    kernel = parse_kernel(args.kernel)  # validate input before any slow work
+    target = parse_target(args.target)
+    if not 0 < args.pvalue <= 1:
+        raise SpecError(f"--pvalue must be in (0, 1], got {args.pvalue}")
+    rpc = None
+    if args.rpc_tracker or args.rpc_key:
+        host, _, port = (args.rpc_tracker or "").rpartition(":")
+        if not host or not port.isdigit() or not args.rpc_key:
+            raise SpecError("--rpc-tracker HOST:PORT and --rpc-key KEY go together")
+        rpc = {"host": host, "port": int(port), "key": args.rpc_key}
+    measure = MeasureConfig(repeat=max(1, args.repeat), min_repeat_ms=args.min_repeat_ms,
+                            cache_flush=args.cache_flush, build_timeout_s=args.build_timeout,
+                            run_timeout_s=args.run_timeout, rpc=rpc)
+    log.info("tuning %s on %s", kernel.name, describe(target))
+    result = tune_kernel(kernel, target=target, trials=args.trials, exploit_trials=args.exploit_trials,
+                         time_budget=args.time_budget, db=args.db, seed=args.seed, pvalue=args.pvalue,
+                         measure=measure, storm=StormConfig(batch_size=max(1, args.batch_size)),
+                         progress=not args.no_progress and sys.stderr.isatty())
+    print(task_table(result.tasks))
+    print(f"target: {describe(target)}   tuning: {result.tuning_s:.1f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result.to_json(), f, indent=2)
+    return 0
+
+
+def _open_db(path: str | None, must_exist: bool = True):
+    import os
+
+    from .database import Database, default_db_path
+
+    path = path or default_db_path()
+    if must_exist and not os.path.exists(path):
+        raise SpecError(f"--db: no database at {path}")
+    return Database(path)
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from .database import format_best_table
+
+    with _open_db(args.db) as db:
+        print(format_best_table(db))
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from .database import export_metaschedule
+
+    with _open_db(args.db) as db:
+        n = export_metaschedule(db, args.out)
+    print(f"exported {n} records to {args.out}")
+    return 0
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    from .database import import_metaschedule
+
+    with _open_db(args.db, must_exist=False) as db:
+        n = import_metaschedule(db, args.dir)
+    print(f"imported {n} records from {args.dir}")
+    return 0
+
+
+def _cmd_ops(args: argparse.Namespace) -> int:
+    from .workloads import builtin_operators
+
+    for name, params in builtin_operators().items():
+        print(f"{name}:{params}")
+    print("path/to/file.py:function   (returns a PrimFunc, an IRModule or a list of TE tensors)")
+    return 0
+
+
+COMMANDS = {"tune": _cmd_tune, "show": _cmd_show, "export": _cmd_export, "import": _cmd_import, "ops": _cmd_ops}
+
+
+def main(argv: list[str] | None = None) -> int:
+    verbose = 0
+    try:
+        args = build_parser().parse_args(argv)
+        verbose = args.verbose
+        _setup_logging(verbose)
+        return COMMANDS[args.command](args)
+    except StormdropError as err:
+        print(f"stormdrop: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("stormdrop: interrupted; every measured record is kept in the database", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001 - never a traceback for the user, unless -v
+        if verbose:
+            raise
+        first = (str(err).strip().splitlines() or [""])[-1]
+        print(f"stormdrop: error: {type(err).__name__}: {first} (run with -v for details)", file=sys.stderr)
+        return 1
+
+
+def _setup_logging(verbose: int) -> None:
+    from tqdm.contrib.logging import _TqdmLoggingHandler
+
+    handler = _TqdmLoggingHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.handlers[:] = [handler]
+    log.setLevel(logging.WARNING - 10 * min(verbose, 2))
+    log.propagate = False
+
+
+if __name__ == "__main__":
+    sys.exit(main())

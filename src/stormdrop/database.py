@@ -1,0 +1,507 @@
+"""The persistent tuning database: one SQLite file with workloads and every measured record.
+
+Every ``commit_*`` call is its own transaction, committed before it returns, so a
+killed process loses nothing already committed. The file uses WAL journaling, so
+other processes (or connections) see a record as soon as ``commit_record`` returns.
+
+MetaSchedule JSON databases are read and written by the adapters in ``_ms_json``
+(re-exported here as ``export_metaschedule`` / ``import_metaschedule``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sqlite3
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import tvm
+import tvm.s_tir.meta_schedule as ms
+import tvm_ffi
+
+from .errors import DatabaseError
+from .records import ErrorKind, MeasureResult, Phase, Record
+from .target import canonical, from_canonical
+
+SCHEMA_VERSION = 1
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS workloads (
+    workload_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name        TEXT    NOT NULL,
+    op_class    TEXT    NOT NULL,
+    flops       INTEGER NOT NULL,
+    shash       TEXT    NOT NULL,
+    mod_json    TEXT    NOT NULL
+);
+CREATE INDEX IF NOT EXISTS workloads_shash ON workloads (shash);
+CREATE TABLE IF NOT EXISTS records (
+    record_id      INTEGER PRIMARY KEY AUTOINCREMENT,
+    workload_id    INTEGER NOT NULL REFERENCES workloads (workload_id),
+    target         TEXT    NOT NULL,
+    candidate_key  TEXT    NOT NULL,
+    trace_json     TEXT    NOT NULL,
+    args_info_json TEXT    NOT NULL,
+    run_secs       TEXT,
+    mean_secs      REAL,
+    error          TEXT,
+    error_msg      TEXT    NOT NULL,
+    phase          TEXT    NOT NULL,
+    measured_at    REAL    NOT NULL,
+    versions       TEXT    NOT NULL,
+    UNIQUE (workload_id, target, candidate_key)
+);
+CREATE INDEX IF NOT EXISTS records_wl_target_mean ON records (workload_id, target, mean_secs);
+"""
+
+_RECORD_COLS = (
+    "record_id, workload_id, target, candidate_key, trace_json, args_info_json, "
+    "run_secs, error, error_msg, phase, measured_at, versions"
+)
+_WORKLOAD_COLS = "workload_id, name, op_class, flops, shash, mod_json"
+
+
+def _one_line(exc: BaseException | str) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else text
+
+
+def canonical_target(target: tvm.target.Target | dict | str) -> str:
+    """The canonical string stored for a target: sorted-key JSON of ``Target(...).export()``.
+
+    Accepts a ``Target``, a target dict, or a target string (JSON text or a bare kind).
+    """
+    if isinstance(target, str):
+        text = target.strip()
+        target = json.loads(text) if text.startswith("{") else text
+    if not isinstance(target, tvm.target.Target):
+        target = from_canonical(json.dumps(target)) if isinstance(target, dict) else tvm.target.Target(target)
+    return canonical(target)
+
+
+def default_db_path() -> str:
+    """The per-user database: ``$STORMDROP_DB`` or ``<user data dir>/stormdrop/stormdrop.db``."""
+    env = os.environ.get("STORMDROP_DB")
+    if env:
+        return env
+    from platformdirs import user_data_dir
+
+    return os.path.join(user_data_dir("stormdrop", appauthor=False), "stormdrop.db")
+
+
+def candidate_key(trace_json: str) -> str:
+    """The identity of a candidate schedule: SHA-1 hex of its trace JSON text."""
+    return hashlib.sha1(trace_json.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class WorkloadEntry:
+    """A tuned workload: an IRModule plus its display name, reuse class and FLOP count."""
+
+    workload_id: int
+    name: str
+    op_class: str
+    flops: int
+    shash: str
+    mod: tvm.IRModule = field(compare=False, repr=False)
+
+
+class Database:
+    """A stormdrop SQLite database (created with its schema if the file is new)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path: str = os.fspath(path)
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._mods: dict[int, tvm.IRModule] = {}
+        self._conn: sqlite3.Connection | None = None
+        p = Path(self.path)
+        if p.is_dir():
+            raise DatabaseError(f"database path is a directory: {self.path}")
+        fresh = not p.exists()
+        if not fresh:
+            try:
+                with open(p, "rb") as f:
+                    header = f.read(len(_SQLITE_MAGIC))
+            except OSError as e:
+                raise DatabaseError(f"cannot read database {self.path}: {_one_line(e)}") from None
+            fresh = header == b""
+            if not fresh and header != _SQLITE_MAGIC:
+                raise DatabaseError(f"not an SQLite database: {self.path}")
+            if not fresh:
+                fresh = self._check_existing(p)
+        else:
+            try:
+                p.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise DatabaseError(f"cannot create database {self.path}: {_one_line(e)}") from None
+        try:
+            conn = sqlite3.connect(
+                self.path, timeout=60.0, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as e:
+            raise DatabaseError(f"cannot open database {self.path}: {_one_line(e)}") from None
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            if fresh:
+                conn.execute("BEGIN IMMEDIATE")
+                for stmt in _SCHEMA.split(";"):
+                    if stmt.strip():
+                        conn.execute(stmt)
+                conn.execute(
+                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+                    (str(SCHEMA_VERSION),),
+                )
+                conn.execute("COMMIT")
+        except sqlite3.Error as e:
+            conn.close()
+            raise DatabaseError(f"cannot open database {self.path}: {_one_line(e)}") from None
+        self._conn = conn
+
+    def _check_existing(self, p: Path) -> bool:
+        """Validate an existing SQLite file read-only; True if it holds no tables yet."""
+        uri = "file:" + urllib.parse.quote(str(p.resolve())) + "?mode=ro"
+        try:
+            conn = sqlite3.connect(uri, uri=True, timeout=60.0)
+        except sqlite3.Error as e:
+            raise DatabaseError(f"cannot open database {self.path}: {_one_line(e)}") from None
+        try:
+            tables = {
+                r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            }
+            if not tables:
+                return True
+            if not {"meta", "workloads", "records"} <= tables:
+                raise DatabaseError(f"not a stormdrop database (missing tables): {self.path}")
+            row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            if row is None or row[0] != str(SCHEMA_VERSION):
+                found = "none" if row is None else row[0]
+                raise DatabaseError(
+                    f"database {self.path} has schema version {found}, expected {SCHEMA_VERSION}"
+                )
+            return False
+        except sqlite3.Error as e:
+            raise DatabaseError(f"corrupt database {self.path}: {_one_line(e)}") from None
+        finally:
+            conn.close()
+
+    # -- connection management ------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection (everything committed is already on disk)."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _c(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise DatabaseError(f"database is closed: {self.path}")
+        return self._conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Group several commits into one transaction (nested calls join the outer one)."""
+        with self._lock:
+            conn = self._c()
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield
+                finally:
+                    self._depth -= 1
+                return
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as e:
+                raise DatabaseError(f"database {self.path}: {_one_line(e)}") from None
+            self._depth = 1
+            try:
+                yield
+            except BaseException:
+                self._depth = 0
+                self._rollback()
+                raise
+            self._depth = 0
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as e:
+                self._rollback()
+                raise DatabaseError(f"database {self.path}: {_one_line(e)}") from None
+
+    def _rollback(self) -> None:
+        self._mods.clear()  # ids of rolled-back workloads may be reused
+        conn = self._conn
+        if conn is not None and conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+
+    def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
+        with self._lock:
+            try:
+                return self._c().execute(sql, params).fetchall()
+            except sqlite3.Error as e:
+                raise DatabaseError(f"database {self.path}: {_one_line(e)}") from None
+
+    # -- workloads ------------------------------------------------------------------------
+
+    def _entry(self, row: tuple) -> WorkloadEntry:
+        wid, name, op_class, flops, shash, mod_json = row
+        mod = self._mods.get(wid)
+        if mod is None:
+            mod = self._mods[wid] = tvm.ir.load_json(mod_json)
+        return WorkloadEntry(wid, name, op_class, int(flops), shash, mod)
+
+    def find_workload(self, mod: tvm.IRModule) -> WorkloadEntry | None:
+        """The stored workload structurally equal to ``mod``, or None."""
+        mod = _as_module(mod)
+        shash = ms.utils.shash2hex(mod)
+        rows = self._query(
+            f"SELECT {_WORKLOAD_COLS} FROM workloads WHERE shash=? ORDER BY workload_id", (shash,)
+        )
+        for row in rows:
+            entry = self._entry(row)
+            if tvm_ffi.structural_equal(entry.mod, mod):
+                return entry
+        return None
+
+    def commit_workload(
+        self, mod: tvm.IRModule, *, name: str, op_class: str, flops: int
+    ) -> WorkloadEntry:
+        """Store ``mod`` (idempotent: a structurally equal module returns the stored entry)."""
+        mod = _as_module(mod)
+        with self.transaction():
+            found = self.find_workload(mod)
+            if found is not None:
+                return found
+            shash = ms.utils.shash2hex(mod)
+            try:
+                cur = self._c().execute(
+                    "INSERT INTO workloads (name, op_class, flops, shash, mod_json)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (name, op_class, int(flops), shash, tvm.ir.save_json(mod)),
+                )
+            except sqlite3.Error as e:
+                raise DatabaseError(f"database {self.path}: {_one_line(e)}") from None
+            wid = int(cur.lastrowid)
+            self._mods[wid] = mod
+            return WorkloadEntry(wid, name, op_class, int(flops), shash, mod)
+
+    def workloads(self) -> list[WorkloadEntry]:
+        """All workloads, in insertion order."""
+        rows = self._query(f"SELECT {_WORKLOAD_COLS} FROM workloads ORDER BY workload_id")
+        return [self._entry(r) for r in rows]
+
+    def workload(self, workload_id: int) -> WorkloadEntry:
+        """The workload with this id (DatabaseError if unknown)."""
+        rows = self._query(
+            f"SELECT {_WORKLOAD_COLS} FROM workloads WHERE workload_id=?", (int(workload_id),)
+        )
+        if not rows:
+            raise DatabaseError(f"no workload with id {workload_id} in {self.path}")
+        return self._entry(rows[0])
+
+    # -- records --------------------------------------------------------------------------
+
+    def _commit_record(self, record: Record) -> tuple[Record, bool]:
+        """Insert ``record``; returns (stored record, whether it was new)."""
+        res = record.result
+        run_secs = None if res.run_secs is None else json.dumps([float(x) for x in res.run_secs])
+        mean = res.mean if res.ok and math.isfinite(res.mean) else None
+        error = None if res.error is None else ErrorKind(res.error).value
+        with self.transaction():
+            try:
+                cur = self._c().execute(
+                    "INSERT OR IGNORE INTO records (workload_id, target, candidate_key, trace_json,"
+                    " args_info_json, run_secs, mean_secs, error, error_msg, phase, measured_at,"
+                    " versions) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        int(record.workload_id),
+                        record.target,
+                        record.candidate_key,
+                        record.trace_json,
+                        record.args_info_json,
+                        run_secs,
+                        mean,
+                        error,
+                        res.error_msg,
+                        Phase(record.phase).value,
+                        float(record.measured_at),
+                        record.versions,
+                    ),
+                )
+            except sqlite3.IntegrityError as e:
+                raise DatabaseError(
+                    f"cannot store record for workload {record.workload_id}: {_one_line(e)}"
+                ) from None
+            except sqlite3.Error as e:
+                raise DatabaseError(f"database {self.path}: {_one_line(e)}") from None
+            if cur.rowcount == 1:
+                return replace(record, record_id=int(cur.lastrowid)), True
+            stored = self.lookup(record.workload_id, record.target, record.candidate_key)
+            assert stored is not None
+            return stored, False
+
+    def commit_record(self, record: Record) -> Record:
+        """Store and commit one record; a duplicate candidate returns the stored record."""
+        return self._commit_record(record)[0]
+
+    def lookup(self, workload_id: int, target: str, candidate_key: str) -> Record | None:
+        """The record of this candidate, or None if it was never measured."""
+        rows = self._query(
+            f"SELECT {_RECORD_COLS} FROM records"
+            " WHERE workload_id=? AND target=? AND candidate_key=?",
+            (int(workload_id), target, candidate_key),
+        )
+        return _record(rows[0]) if rows else None
+
+    def records(self, workload_id: int, target: str | None = None) -> list[Record]:
+        """All records of a workload (optionally one target), in measurement order."""
+        if target is None:
+            rows = self._query(
+                f"SELECT {_RECORD_COLS} FROM records WHERE workload_id=? ORDER BY record_id",
+                (int(workload_id),),
+            )
+        else:
+            rows = self._query(
+                f"SELECT {_RECORD_COLS} FROM records WHERE workload_id=? AND target=?"
+                " ORDER BY record_id",
+                (int(workload_id), target),
+            )
+        return [_record(r) for r in rows]
+
+    def best(self, workload_id: int, target: str, k: int = 1) -> list[Record]:
+        """The ``k`` valid records with the lowest mean time (failures never count)."""
+        rows = self._query(
+            f"SELECT {_RECORD_COLS} FROM records WHERE workload_id=? AND target=?"
+            " AND error IS NULL AND mean_secs IS NOT NULL"
+            " ORDER BY mean_secs, record_id LIMIT ?",
+            (int(workload_id), target, int(k)),
+        )
+        return [_record(r) for r in rows]
+
+    def targets(self, workload_id: int) -> list[str]:
+        """The targets this workload has records for, in order of first measurement."""
+        rows = self._query(
+            "SELECT target FROM records WHERE workload_id=? GROUP BY target ORDER BY MIN(record_id)",
+            (int(workload_id),),
+        )
+        return [r[0] for r in rows]
+
+    def count(self, workload_id: int, target: str) -> int:
+        """Number of records (failures included) of a workload on a target."""
+        rows = self._query(
+            "SELECT COUNT(*) FROM records WHERE workload_id=? AND target=?",
+            (int(workload_id), target),
+        )
+        return int(rows[0][0])
+
+
+def _as_module(mod: Any) -> tvm.IRModule:
+    if isinstance(mod, tvm.IRModule):
+        return mod
+    if isinstance(mod, tvm.tirx.PrimFunc):
+        return tvm.IRModule({"main": mod})
+    raise TypeError(f"expected an IRModule, got {type(mod).__name__}")
+
+
+def _record(row: tuple) -> Record:
+    (rid, wid, target, key, trace_json, args_json, run_secs, error, error_msg, phase, at, ver) = row
+    if error is None:
+        result = MeasureResult(run_secs=tuple(float(x) for x in json.loads(run_secs or "[]")))
+    else:
+        result = MeasureResult(run_secs=None, error=ErrorKind(error), error_msg=error_msg or "")
+    return Record(
+        workload_id=int(wid),
+        target=target,
+        candidate_key=key,
+        trace_json=trace_json,
+        args_info_json=args_json,
+        result=result,
+        phase=Phase(phase),
+        measured_at=float(at),
+        versions=ver,
+        record_id=int(rid),
+    )
+
+
+def format_best_table(db: Database, target: str | None = None) -> str:
+    """The best record per (workload, target) as a MetaSchedule-style task table.
+
+    One section per target (headed ``Target: ...``); rows for workloads with at
+    least one record there. ``Trials`` counts all records, failures included.
+    """
+    if target is not None:
+        target = canonical_target(target)
+    sections: dict[str, list[list[str]]] = {}
+    totals: dict[str, tuple[int, float]] = {}
+    for wl in db.workloads():
+        for tgt in db.targets(wl.workload_id) if target is None else [target]:
+            trials = db.count(wl.workload_id, tgt)
+            if trials == 0:
+                continue
+            best = db.best(wl.workload_id, tgt, 1)
+            if best:
+                lat_us = best[0].mean * 1e6
+                speed = f"{wl.flops / lat_us / 1e3:.4f}" if wl.flops > 0 and lat_us > 0 else "N/A"
+                lat = f"{lat_us:.4f}"
+            else:
+                lat_us, speed, lat = 0.0, "N/A", "N/A"
+            row = [str(wl.workload_id), wl.name, str(wl.flops), "1", speed, lat, str(trials)]
+            sections.setdefault(tgt, []).append(row + ["Y" if best else ""])
+            n, total = totals.get(tgt, (0, 0.0))
+            totals[tgt] = (n + trials, total + lat_us)
+    if not sections:
+        return "No records." + ("" if target is None else f" (target {target})")
+    header = ["ID", "Name", "FLOP", "Weight", "Speed (GFLOPS)", "Latency (us)", "Trials", "Done"]
+    out: list[str] = []
+    for tgt, rows in sections.items():
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+        fmt = [
+            " " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + " "
+            for r in [header, *rows]
+        ]
+        sep = "-" * len(fmt[0])
+        n, total = totals[tgt]
+        out += [f"Target: {tgt}", fmt[0], sep, *fmt[1:], sep]
+        out += [f"Total trials: {n}", f"Total latency (us): {total:.4f}", ""]
+    return "\n".join(out).rstrip("\n")
+
+
+def export_metaschedule(db: Database, out_dir: str, *, target: str | None = None) -> int:
+    """Write the valid records as a MetaSchedule JSON database (see ``_ms_json``)."""
+    from ._ms_json import export_metaschedule as _export
+
+    return _export(db, out_dir, target=target)
+
+
+def import_metaschedule(db: Database, in_dir: str) -> int:
+    """Import a MetaSchedule JSON database in one transaction (see ``_ms_json``)."""
+    from ._ms_json import import_metaschedule as _import
+
+    return _import(db, in_dir)

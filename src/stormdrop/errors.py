@@ -1,0 +1,27 @@
+"""Typed errors of stormdrop. Each one carries a single human-readable line."""
+
+from __future__ import annotations
+
+
+class StormdropError(Exception):
+    """Base class: an error the CLI prints as one line and exits with ``exit_code``."""
+
+    exit_code = 1
+
+
+class SpecError(StormdropError):
+    """A malformed kernel spec, target, model path or option value (user input)."""
+
+    exit_code = 2
+
+
+class DatabaseError(StormdropError):
+    """The database cannot be opened, has a wrong schema version, or is corrupt."""
+
+    exit_code = 2
+
+
+class TuningError(StormdropError):
+    """Tuning could not produce any valid, verified schedule."""
+
+    exit_code = 1

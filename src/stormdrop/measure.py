@@ -1,0 +1,223 @@
+"""The measurement gateway: the one place where candidates are built and run.
+
+Builder workers (one per physical core) compile candidates in parallel; one
+runner worker times them, alone on the machine, after checking each output
+against the reference computed once per workload by the untuned build. Workers
+are persistent processes (TVM imported once); a crash or hang of a candidate
+kills only its worker, which is restarted, and becomes a typed failure.
+
+Builds and runs are not overlapped by default: on a machine with few cores a
+compilation running beside a timing distorts the timing. ``overlap=True`` turns
+it on for machines with cores to spare.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import tvm
+from tvm.target import Target
+
+from .records import ErrorKind, MeasureResult
+from .target import canonical, physical_cores
+
+log = logging.getLogger("stormdrop")
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    """How candidates are timed. ``repeat`` samples feed the raindrop's t-test."""
+
+    number: int = 1
+    repeat: int = 5
+    min_repeat_ms: float = 20.0
+    cache_flush: bool = False
+    build_timeout_s: float = 60.0
+    run_timeout_s: float = 30.0
+    check_correctness: bool = True
+    builders: int = 0  # 0: one per physical core
+    rpc: dict | None = None  # {"host":..., "port":..., "key":...} to time on an RPC tracker's device
+
+
+class _Worker:
+    """A persistent child process serving requests over a pipe."""
+
+    def __init__(self, role: str, target_json: str, rpc: dict | None) -> None:
+        self.role, self.target_json, self.rpc = role, target_json, rpc
+        self.proc: Any = None
+        self.conn: Any = None
+        self.started_at = 0.0
+
+    def start(self) -> None:
+        # A plain subprocess, not multiprocessing's spawn: spawn re-imports the
+        # user's __main__ module, which breaks scripts without a main guard.
+        parent, child = socket.socketpair()
+        fd = child.fileno()
+        cmd = [sys.executable, "-m", "stormdrop._worker", str(fd), self.role, self.target_json,
+               json.dumps(self.rpc)]
+        env = dict(os.environ)
+        src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+        self.proc = subprocess.Popen(cmd, pass_fds=(fd,), env=env, stdin=subprocess.DEVNULL)
+        child.close()
+        self.conn = Connection(parent.detach())
+
+    def ensure(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+
+    def send(self, command: str, payload: tuple) -> None:
+        self.ensure()
+        self.conn.send((command, payload))
+        self.started_at = time.monotonic()
+
+    def receive(self) -> tuple[str, Any]:
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError):
+            code = self.proc.poll() if self.proc is not None else None
+            self.kill()
+            return ("crash", f"worker died (exit code {code})")
+
+    def call(self, command: str, payload: tuple, timeout: float) -> tuple[str, Any]:
+        self.send(command, payload)
+        if not self.conn.poll(timeout):
+            self.kill()
+            return ("timeout", f"no answer within {timeout:.0f} s")
+        return self.receive()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc = None
+        if self.conn is not None:
+            self.conn.close()
+        self.conn = None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.conn.send(("stop", ()))
+                self.proc.wait(2)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+
+class Gateway:
+    """Builds and runs candidates for one target; see the module docstring."""
+
+    def __init__(self, target: Target, config: MeasureConfig | None = None) -> None:
+        self.target = target
+        self.config = config or MeasureConfig()
+        tjson = canonical(target)
+        n = self.config.builders or physical_cores()
+        self._builders = [_Worker("builder", tjson, None) for _ in range(max(1, n))]
+        self._runner = _Worker("runner", tjson, self.config.rpc)
+        self._workdir = tempfile.mkdtemp(prefix="stormdrop-")
+        self._references: set[str] = set()
+        self._workloads: dict[str, tuple[str, int]] = {}
+        self._counter = 0
+        self.stats = {"build_s": 0.0, "run_s": 0.0, "measured": 0}
+        for w in (*self._builders, self._runner):
+            w.start()  # start importing TVM in the background right away
+
+    def prepare(self, key: str, workload: tvm.IRModule, seed: int = 0) -> None:
+        """Make inputs and reference outputs for a workload (once per key)."""
+        self._workloads.setdefault(key, (tvm.ir.save_json(workload), seed))
+        self._ensure_reference(key)
+
+    def _ensure_reference(self, key: str) -> None:
+        if key in self._references:
+            return
+        status, value = self._runner.call("reference", (key, *self._workloads[key]),
+                                          timeout=max(600.0, self.config.run_timeout_s))
+        if status != "ok":
+            raise RuntimeError(f"cannot compute the reference output of {key}: {value}")
+        self._references.add(key)
+
+    def measure(self, key: str, mods: list[tvm.IRModule]) -> list[MeasureResult]:
+        """Build all ``mods`` (scheduled versions of workload ``key``), then time each."""
+        t0 = time.monotonic()
+        built = self._build_all(mods)
+        t1 = time.monotonic()
+        results = [b if isinstance(b, MeasureResult) else self._run(key, b) for b in built]
+        self.stats["build_s"] += t1 - t0
+        self.stats["run_s"] += time.monotonic() - t1
+        self.stats["measured"] += len(mods)
+        return results
+
+    def _build_all(self, mods: list[tvm.IRModule]) -> list[str | MeasureResult]:
+        out: list[str | MeasureResult] = [MeasureResult.failure(ErrorKind.BUILD_ERROR, "not built")] * len(mods)
+        pending = list(range(len(mods)))
+        busy: dict[int, tuple[_Worker, int]] = {}  # id(conn) -> (worker, job)
+        idle = list(self._builders)
+        timeout = self.config.build_timeout_s
+        while pending or busy:
+            while pending and idle:
+                job = pending.pop(0)
+                worker = idle.pop()
+                self._counter += 1
+                path = os.path.join(self._workdir, f"cand{self._counter}.so")
+                worker.send("build", (tvm.ir.save_json(mods[job]), path))
+                busy[id(worker.conn)] = (worker, job)
+            conns = [w.conn for w, _ in busy.values()]
+            ready = wait(conns, timeout=1.0)
+            now = time.monotonic()
+            for conn in ready:
+                worker, job = busy.pop(id(conn))
+                status, value = worker.receive()
+                out[job] = value if status == "ok" else MeasureResult.failure(ErrorKind.BUILD_ERROR, str(value))
+                idle.append(worker)
+            for cid, (worker, job) in list(busy.items()):
+                if now - worker.started_at > timeout:
+                    worker.kill()
+                    busy.pop(cid)
+                    out[job] = MeasureResult.failure(ErrorKind.BUILD_TIMEOUT, f"build exceeded {timeout:.0f} s")
+                    idle.append(worker)
+        return out
+
+    def _run(self, key: str, artifact: str) -> MeasureResult:
+        cfg = self.config
+        self._ensure_reference(key)
+        status, value = self._runner.call(
+            "run", (key, artifact, cfg.number, cfg.repeat, cfg.min_repeat_ms, cfg.cache_flush, cfg.check_correctness),
+            timeout=cfg.run_timeout_s,
+        )
+        try:
+            os.remove(artifact)
+        except OSError:
+            pass
+        if status == "timeout":
+            self._references.discard(key)
+            return MeasureResult.failure(ErrorKind.RUN_TIMEOUT, str(value))
+        if status != "ok":
+            if status == "crash":
+                self._references.clear()  # the new worker has no references yet
+            return MeasureResult.failure(ErrorKind.RUN_ERROR, str(value))
+        if "wrong" in value:
+            return MeasureResult.failure(ErrorKind.WRONG_RESULT, value["wrong"])
+        return MeasureResult(run_secs=tuple(value["run_secs"]))
+
+    def close(self) -> None:
+        for w in (*self._builders, self._runner):
+            w.stop()
+        shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def __enter__(self) -> Gateway:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

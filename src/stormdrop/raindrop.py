@@ -1,0 +1,135 @@
+"""Raindrop: Droplet Search, coordinate descent from the best schedule.
+
+From the incumbent position, the neighbours at radius 1 along every coordinate
+(both directions) are measured in batches; a neighbour replaces the incumbent
+only if it is faster *and* a one-sided Welch t-test on the repeated
+measurements gives p <= ``pvalue`` (one sample each: the mean decides). The
+incumbent is re-measured in every batch, so a drifting machine does not fake
+an improvement. When no neighbour at a radius improves, the radius widens
+(speculation) up to the longest coordinate; the search stops there, or when
+the budget is spent. Neighbours are tried in the order the storm's cost model
+ranks them, when one is given, so the likely winners are measured first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from scipy import stats
+
+from .records import MeasureResult
+from .space import Candidate, DecisionSpace
+
+log = logging.getLogger("stormdrop")
+
+
+@dataclass(frozen=True)
+class RaindropConfig:
+    pvalue: float = 0.05
+    batch_size: int = 16
+    remeasure_incumbent: bool = True
+
+
+def significantly_faster(candidate: tuple[float, ...], incumbent: tuple[float, ...], pvalue: float) -> bool:
+    """True if ``candidate`` times are lower than ``incumbent`` ones with p <= pvalue."""
+    if not candidate or not incumbent:
+        return False
+    mean_c = sum(candidate) / len(candidate)
+    mean_i = sum(incumbent) / len(incumbent)
+    if mean_c >= mean_i:
+        return False
+    if len(candidate) < 2 or len(incumbent) < 2:
+        return True
+    if len(set(candidate)) == 1 and len(set(incumbent)) == 1:
+        return True  # no variance at all: the means decide
+    p = stats.ttest_ind(candidate, incumbent, equal_var=False, alternative="less").pvalue
+    return bool(p <= pvalue)
+
+
+class Raindrop:
+    """Ask/tell Droplet Search over a ``DecisionSpace``."""
+
+    def __init__(self, space: DecisionSpace, incumbent: Candidate, incumbent_times: tuple[float, ...], *,
+                 budget: int, seed: int = 0, config: RaindropConfig | None = None,
+                 rank: Callable[[list[Candidate]], list[float]] | None = None) -> None:
+        self.space = space
+        self.config = config or RaindropConfig()
+        self.budget = budget
+        self.rank = rank
+        self.rng = random.Random(seed)
+        self.incumbent = incumbent
+        self.incumbent_times = tuple(incumbent_times)
+        self.position = space.start
+        self.history: list[float] = [MeasureResult(run_secs=self.incumbent_times).mean] if incumbent_times else []
+        self.radius = 1
+        self.max_radius = max(1, space.max_radius)
+        self.seen: set[str] = {incumbent.key}
+        self.queue: list[Candidate] = []
+        self.moves = 0
+        self.done = budget <= 0
+
+    def propose(self) -> list[Candidate] | None:
+        """The next batch of neighbours (plus the incumbent, re-measured), or None when done."""
+        while not self.done and not self.queue:
+            if self.radius > self.max_radius:
+                self.done = True
+                break
+            self.queue = self._expand(self.position, self.radius)
+            if not self.queue:
+                self.radius += 1
+        if self.done:
+            return None
+        n = max(1, min(self.config.batch_size, self.budget))
+        batch, self.queue = self.queue[:n], self.queue[n:]
+        if self.config.remeasure_incumbent:
+            batch = [dataclasses.replace(self.incumbent, remeasure=True), *batch]
+        return batch
+
+    def _expand(self, position: tuple, radius: int) -> list[Candidate]:
+        cands = []
+        for pos in self.space.neighbours(position, radius):
+            cand = self.space.apply(pos)
+            if cand is None or cand.key in self.seen:
+                continue
+            self.seen.add(cand.key)
+            cands.append(cand)
+        self.rng.shuffle(cands)
+        if self.rank is not None and cands:
+            scores = self.rank(cands)
+            order = sorted(range(len(cands)), key=lambda i: -scores[i])
+            cands = [cands[i] for i in order]
+        log.debug("raindrop: %d new neighbours at radius %d", len(cands), radius)
+        return cands
+
+    def tell(self, candidates: list[Candidate], results: list[MeasureResult]) -> None:
+        """Results of the last batch; moves to the best significantly faster neighbour."""
+        baseline = self.incumbent_times
+        for c, r in zip(candidates, results):
+            if c.remeasure and r.ok:
+                baseline = tuple(r.run_secs)
+        self.incumbent_times = baseline
+        best: tuple[float, Candidate, MeasureResult] | None = None
+        for c, r in zip(candidates, results):
+            if c.remeasure:
+                continue
+            self.budget -= 1
+            if r.ok and significantly_faster(r.run_secs, baseline, self.config.pvalue):
+                if best is None or r.mean < best[0]:
+                    best = (r.mean, c, r)
+        if best is not None:
+            _, cand, result = best
+            log.debug("raindrop: move to %.3f us (radius %d)", result.mean * 1e6, self.radius)
+            self.incumbent, self.incumbent_times = cand, tuple(result.run_secs)
+            self.position = self.space.rebase(cand)  # its own (TVM-repaired) trace is the new base
+            self.radius = 1
+            self.queue = []
+            self.moves += 1
+            self.history.append(result.mean)
+        elif not self.queue:
+            self.radius += 1
+        if self.budget <= 0:
+            self.done = True

@@ -1,0 +1,88 @@
+"""Immutable values shared by every phase: measurement results and tuning records.
+
+Failures are data: a ``MeasureResult`` either holds the measured times or a typed
+``ErrorKind`` with its message, never a magic number.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Phase(str, Enum):
+    """Which phase proposed a candidate."""
+
+    REUSE = "reuse"
+    STORM = "storm"
+    RAINDROP = "raindrop"
+
+
+class ErrorKind(str, Enum):
+    """Why a candidate has no valid time."""
+
+    INVALID_SCHEDULE = "invalid_schedule"  # postprocessor rejected it; never built
+    BUILD_ERROR = "build_error"
+    BUILD_TIMEOUT = "build_timeout"
+    RUN_ERROR = "run_error"
+    RUN_TIMEOUT = "run_timeout"
+    WRONG_RESULT = "wrong_result"  # ran, but its output differs from the reference
+
+
+@dataclass(frozen=True)
+class MeasureResult:
+    """Outcome of measuring one candidate: times in seconds, or a typed error."""
+
+    run_secs: tuple[float, ...] | None = None
+    error: ErrorKind | None = None
+    error_msg: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.run_secs is None) == (self.error is None):
+            raise ValueError("a MeasureResult holds either run_secs or an error, not both")
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def mean(self) -> float:
+        """Mean time in seconds; +inf for a failure (so it never wins a comparison)."""
+        if self.run_secs is None or not self.run_secs:
+            return math.inf
+        return sum(self.run_secs) / len(self.run_secs)
+
+    @classmethod
+    def failure(cls, kind: ErrorKind, msg: str = "") -> MeasureResult:
+        return cls(run_secs=None, error=kind, error_msg=msg[-2000:])
+
+
+@dataclass(frozen=True)
+class Record:
+    """One measured candidate of one workload on one target, as stored in the database.
+
+    ``trace_json`` is the JSON text of the full MetaSchedule trace (decisions and
+    post-processing instructions included, as ``Trace.as_json(remove_postproc=False)``
+    with plain Python numbers). ``candidate_key`` identifies the schedule (a hash of
+    the trace JSON), so the same schedule is never measured twice.
+    """
+
+    workload_id: int
+    target: str
+    candidate_key: str
+    trace_json: str
+    args_info_json: str
+    result: MeasureResult
+    phase: Phase
+    measured_at: float
+    versions: str = ""
+    record_id: int | None = field(default=None, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.result.ok
+
+    @property
+    def mean(self) -> float:
+        return self.result.mean

@@ -1,0 +1,134 @@
+"""Storm: exploration with MetaSchedule's evolutionary search and a learned cost model.
+
+The storm proposes batches of candidates and is told their results; it never
+builds or runs anything. Under the hood it is Ansor's method as MetaSchedule
+implements it: sketches from the ``post-order-apply`` design space, random
+annotation, evolution guided by an XGBoost model over per-store features.
+Its parameters are tuned for small budgets (the per-trial overhead of the
+search is part of the user's wait): a smaller population, and a cost model
+that starts predicting after the first batch instead of after 100 samples.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import tvm
+import tvm.s_tir.meta_schedule as ms
+from tvm.target import Target
+
+from . import _tvm
+from .records import MeasureResult, Phase
+from .space import Candidate
+from .target import physical_cores
+
+log = logging.getLogger("stormdrop")
+
+
+@dataclass(frozen=True)
+class StormConfig:
+    """Evolutionary search parameters (Ansor's names; defaults for small budgets)."""
+
+    batch_size: int = 16
+    population_size: int = 256
+    genetic_num_iters: int = 3
+    genetic_mutate_prob: float = 0.85
+    init_measured_ratio: float = 0.2
+    init_min_unmeasured: int = 64
+    eps_greedy: float = 0.05
+    cost_model: str = "xgb"
+
+
+def make_context(mod: tvm.IRModule, target: Target, *, seed: int, strategy: object = "evolutionary",
+                 name: str = "main") -> ms.TuneContext:
+    """A TuneContext for ``mod`` on ``target`` (design space + postprocessors initialised)."""
+    _tvm.load_tensor_intrinsics(target.kind.name)
+    return ms.TuneContext(mod, target=target, space_generator="post-order-apply",
+                          search_strategy=strategy, task_name=name, rand_state=seed, num_threads=physical_cores())
+
+
+def to_runner_result(result: MeasureResult) -> ms.runner.RunnerResult:
+    if result.ok:
+        return ms.runner.RunnerResult(run_secs=list(result.run_secs), error_msg=None)
+    return ms.runner.RunnerResult(run_secs=None, error_msg=f"{result.error.value}: {result.error_msg}")
+
+
+class Storm:
+    """Ask/tell wrapper around MetaSchedule's EvolutionarySearch for one workload."""
+
+    def __init__(self, mod: tvm.IRModule, target: Target, *, trials: int, seed: int,
+                 config: StormConfig | None = None,
+                 history: list[tuple[Candidate, MeasureResult]] = ()) -> None:
+        self.config = cfg = config or StormConfig()
+        strategy = ms.search_strategy.EvolutionarySearch(
+            population_size=cfg.population_size, init_measured_ratio=cfg.init_measured_ratio,
+            init_min_unmeasured=cfg.init_min_unmeasured, genetic_num_iters=cfg.genetic_num_iters,
+            genetic_mutate_prob=cfg.genetic_mutate_prob, eps_greedy=cfg.eps_greedy,
+        )
+        self.ctx = make_context(mod, target, seed=seed, strategy=strategy)
+        self.target = target
+        self.database = ms.database.MemoryDatabase()
+        self.workload = self.database.commit_workload(mod)
+        if cfg.cost_model == "xgb":
+            self.cost_model = ms.cost_model.XGBModel(num_warmup_samples=cfg.batch_size,
+                                                     num_tuning_cores=int(target.attrs.get("num-cores", 1)))
+        else:
+            self.cost_model = ms.cost_model.CostModel.create(cfg.cost_model)
+        self._pending: list[ms.MeasureCandidate] = []
+        self.remaining = trials
+        self._learn(history)
+        if trials > 0:
+            self.ctx.pre_tuning(max_trials=trials, num_trials_per_iter=cfg.batch_size,
+                                design_spaces=self.ctx.generate_design_space(),
+                                database=self.database, cost_model=self.cost_model)
+
+    def _learn(self, history: list[tuple[Candidate, MeasureResult]]) -> None:
+        """Warm start from stored measurements: seed the population and train the model."""
+        if not history:
+            return
+        cands = [c.measure_candidate for c, _ in history]
+        results = [to_runner_result(r) for _, r in history]
+        self.cost_model.update(self.ctx, cands, results)
+        self._commit(cands, [r for _, r in history])
+
+    def _commit(self, cands: list[ms.MeasureCandidate], results: list[MeasureResult]) -> None:
+        for cand, result in zip(cands, results):
+            if result.ok:
+                self.database.commit_tuning_record(ms.database.TuningRecord(
+                    cand.sch.trace, self.workload, list(result.run_secs), self.target, cand.args_info))
+
+    def propose(self) -> list[Candidate] | None:
+        """The next batch to measure, or None when the storm is over."""
+        if self.remaining <= 0:
+            return None
+        batch = self.ctx.generate_measure_candidates()
+        if not batch:
+            self.remaining = 0
+            return None
+        self._pending = list(batch)
+        return [Candidate.from_schedule(c.sch, Phase.STORM, c.args_info) for c in batch]
+
+    def tell(self, candidates: list[Candidate], results: list[MeasureResult]) -> None:
+        """Results of the last proposed batch, in the same order."""
+        cands = self._pending
+        runner_results = [to_runner_result(r) for r in results]
+        self.ctx.notify_runner_results(cands, runner_results)
+        self.cost_model.update(self.ctx, cands, runner_results)
+        self._commit(cands, results)
+        self.remaining -= len(cands)
+        self._pending = []
+
+    def predict(self, candidates: list[Candidate]) -> list[float]:
+        """Cost-model scores (higher is faster) for candidates of this workload."""
+        if not candidates:
+            return []
+        scores = self.cost_model.predict(self.ctx, [c.measure_candidate for c in candidates])
+        return [float(s) for s in scores]
+
+    def close(self) -> None:
+        if self.remaining >= 0 and self._pending == []:
+            try:
+                self.ctx.post_tuning()
+            except Exception:  # noqa: BLE001 - post_tuning before pre_tuning raises; nothing to clean
+                pass

@@ -1,0 +1,231 @@
+"""The one loop: storm, then raindrop, for one kernel; every result committed as measured.
+
+The loop asks a phase for candidates, looks each one up in the database (a
+schedule already measured is never measured again, which is also how a killed
+run resumes), measures the rest through the gateway, commits each record, and
+tells the phase. It ends with the best record re-built from its stored trace
+and checked against the reference: only a verified kernel is reported.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import tvm
+from tvm.target import Target
+
+from . import __version__, _tvm
+from .database import Database, WorkloadEntry
+from .errors import TuningError
+from .measure import Gateway, MeasureConfig
+from .raindrop import Raindrop, RaindropConfig
+from .records import MeasureResult, Phase, Record
+from .space import Candidate, DecisionSpace
+from .storm import Storm, StormConfig
+from .target import canonical, parse_target
+from .workloads import Kernel, parse_kernel
+
+log = logging.getLogger("stormdrop")
+
+
+@dataclass
+class TaskResult:
+    """Outcome of tuning one task (kernel) on one target."""
+
+    name: str
+    workload: str
+    flops: int
+    latency_s: float | None
+    verified: bool
+    tuning_s: float
+    trials: dict[str, int] = field(default_factory=lambda: {"reuse": 0, "storm": 0, "raindrop": 0, "failed": 0})
+    trace_json: str | None = None
+    history: list[tuple[float, float]] = field(default_factory=list)  # (elapsed s, best latency s)
+
+    @property
+    def gflops(self) -> float | None:
+        return self.flops / self.latency_s / 1e9 if self.latency_s else None
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "workload": self.workload, "flops": int(self.flops),
+                "latency_s": self.latency_s, "verified": self.verified, "tuning_s": round(self.tuning_s, 3),
+                "trials": dict(self.trials)}
+
+
+@dataclass
+class TuneResult:
+    target: str
+    tuning_s: float
+    tasks: list[TaskResult]
+
+    def to_json(self) -> dict:
+        return {"target": self.target, "tuning_s": round(self.tuning_s, 3),
+                "tasks": [t.to_json() for t in self.tasks]}
+
+
+class TaskSession:
+    """One workload on one target: the database, the gateway and the counters."""
+
+    def __init__(self, db: Database, gateway: Gateway, kernel: Kernel, target: Target, seed: int,
+                 progress: object = None) -> None:
+        self.db, self.gateway, self.kernel, self.target = db, gateway, kernel, target
+        self.target_key = canonical(target)
+        self.entry: WorkloadEntry = db.commit_workload(kernel.mod, name=kernel.name, op_class=kernel.op_class,
+                                                       flops=kernel.flops)
+        self.seed = seed
+        self.progress = progress
+        self.result = TaskResult(kernel.name, self.entry.shash, kernel.flops, None, False, 0.0)
+        self.best = min((r.mean for r in db.records(self.entry.workload_id, self.target_key) if r.ok),
+                        default=float("inf"))
+        self.started = time.monotonic()
+        gateway.prepare(self.entry.shash, kernel.mod, seed)
+
+    def stored(self, phase: Phase | None = None) -> list[Record]:
+        recs = self.db.records(self.entry.workload_id, self.target_key)
+        return [r for r in recs if phase is None or r.phase == phase]
+
+    def evaluate(self, cands: list[Candidate]) -> list[MeasureResult]:
+        """Results for candidates: from the database when stored, else measured and committed."""
+        results: list[MeasureResult | None] = [None] * len(cands)
+        todo = []
+        for i, c in enumerate(cands):
+            rec = None if c.remeasure else self.db.lookup(self.entry.workload_id, self.target_key, c.key)
+            if rec is not None:
+                results[i] = rec.result
+            else:
+                todo.append(i)
+        measured = self.gateway.measure(self.entry.shash, [cands[i].mod for i in todo])
+        versions = f"stormdrop {__version__}; tvm {tvm.__version__}"
+        for i, r in zip(todo, measured):
+            results[i] = r
+            c = cands[i]
+            if c.remeasure:
+                continue
+            self.db.commit_record(Record(self.entry.workload_id, self.target_key, c.key, c.trace_json,
+                                         _args_json(c), r, c.phase, time.time(), versions))
+            self.result.trials[c.phase.value] += 1
+            if not r.ok:
+                self.result.trials["failed"] += 1
+                log.debug("%s candidate failed: %s %s", c.phase.value, r.error.value, r.error_msg[:200])
+            elif r.mean < self.best:
+                self.best = r.mean
+                self.result.history.append((time.monotonic() - self.started, r.mean))
+            if self.progress is not None:
+                self.progress.update(1)
+                self.progress.set_postfix_str(self._postfix(c.phase))
+        return results  # type: ignore[return-value]
+
+    def _postfix(self, phase: Phase) -> str:
+        if self.best == float("inf"):
+            return phase.value
+        return f"{phase.value} best {self.best * 1e6:.1f} us {self.kernel.flops / self.best / 1e9:.1f} GFLOPS"
+
+    def candidate_of(self, record: Record, phase: Phase) -> Candidate:
+        sch = _tvm.schedule_from_trace_json(self.kernel.mod, record.trace_json)
+        return Candidate.from_schedule(sch, phase)
+
+
+def _args_json(c: Candidate) -> str:
+    import json
+
+    return json.dumps([_tvm.to_py(a.as_json()) for a in c.args_info])
+
+
+def run_storm(task: TaskSession, trials: int, config: StormConfig, deadline: float) -> Storm:
+    """Explore until ``trials`` storm candidates are stored (or time is up)."""
+    history = []
+    for rec in task.stored():
+        try:
+            history.append((task.candidate_of(rec, rec.phase), rec.result))
+        except Exception as err:  # noqa: BLE001 - a stored trace that no longer replays is skipped
+            log.debug("skipping stored record %s: %s", rec.record_id, err)
+    remaining = max(0, trials - len(task.stored(Phase.STORM)))
+    storm = Storm(task.kernel.mod, task.target, trials=remaining, seed=task.seed, config=config, history=history)
+    while time.monotonic() < deadline and (cands := storm.propose()) is not None:
+        storm.tell(cands, task.evaluate(cands))
+    return storm
+
+
+def run_raindrop(task: TaskSession, storm: Storm, budget: int, config: RaindropConfig, deadline: float) -> None:
+    """Droplet Search from the best stored record for up to ``budget`` new candidates."""
+    budget = max(0, budget - len(task.stored(Phase.RAINDROP)))
+    best = task.db.best(task.entry.workload_id, task.target_key, k=1)
+    if not best or budget <= 0:
+        return
+    incumbent = task.candidate_of(best[0], Phase.RAINDROP)
+    space = DecisionSpace(task.kernel.mod, storm.ctx.space_generator.postprocs, incumbent.sch.trace,
+                          num_cores=int(task.target.attrs.get("num-cores", 1)))
+    drop = Raindrop(space, incumbent, best[0].result.run_secs, budget=budget, seed=task.seed, config=config,
+                    rank=storm.predict)
+    while time.monotonic() < deadline and (cands := drop.propose()) is not None:
+        drop.tell(cands, task.evaluate(cands))
+    log.info("raindrop: %d moves, %.1f -> %.1f us", drop.moves, best[0].mean * 1e6, drop.history[-1] * 1e6)
+
+
+def verify_best(task: TaskSession, k: int = 3) -> None:
+    """Rebuild the best stored schedules from their traces; the first that checks out wins."""
+    for rec in task.db.best(task.entry.workload_id, task.target_key, k=k):
+        try:
+            mod = task.candidate_of(rec, rec.phase).mod
+        except Exception as err:  # noqa: BLE001
+            log.warning("best record %s does not replay: %s", rec.record_id, err)
+            continue
+        check = task.gateway.measure(task.entry.shash, [mod])[0]
+        if check.ok:
+            task.result.latency_s = rec.mean
+            task.result.verified = True
+            task.result.trace_json = rec.trace_json
+            return
+        log.warning("best record %s failed verification: %s", rec.record_id, check.error_msg)
+
+
+def tune_kernel(kernel: str | Kernel, *, target: str | dict | Target | None = None, trials: int = 64,
+                exploit_trials: int | None = None, time_budget: float | None = None,
+                db: str | os.PathLike | Database | None = None, seed: int = 0, pvalue: float = 0.05,
+                measure: MeasureConfig | None = None, storm: StormConfig | None = None,
+                raindrop: RaindropConfig | None = None, progress: bool = False) -> TuneResult:
+    """Tune one kernel: storm for ``trials`` candidates, then raindrop for ``exploit_trials``.
+
+    ``kernel`` is a spec (``matmul:M=512,N=512,K=512``, ``file.py:function``) or a
+    ``Kernel``. Every measurement is committed to ``db`` as it is made; re-running
+    the same call resumes. Returns the best verified latency per task.
+    """
+    from .database import default_db_path
+
+    start = time.monotonic()
+    k = kernel if isinstance(kernel, Kernel) else parse_kernel(kernel)
+    tgt = parse_target(target)
+    exploit = trials if exploit_trials is None else exploit_trials
+    deadline = start + time_budget if time_budget else float("inf")
+    rcfg = raindrop or RaindropConfig(pvalue=pvalue)
+    own_db = not isinstance(db, Database)
+    database = Database(db or default_db_path()) if own_db else db
+    bar = _progress_bar(k.name, trials + exploit) if progress else None
+    try:
+        with Gateway(tgt, measure) as gateway:
+            task = TaskSession(database, gateway, k, tgt, seed, progress=bar)
+            if bar is not None:
+                bar.update(min(len(task.stored(Phase.STORM)), trials) + min(len(task.stored(Phase.RAINDROP)), exploit))
+            st = run_storm(task, trials, storm or StormConfig(), deadline)
+            run_raindrop(task, st, exploit, rcfg, deadline)
+            st.close()
+            verify_best(task)
+            task.result.tuning_s = time.monotonic() - start
+    finally:
+        if bar is not None:
+            bar.close()
+        if own_db:
+            database.close()
+    if not task.result.verified:
+        raise TuningError(f"{k.name}: no valid, verified schedule was found "
+                          f"({task.result.trials['failed']} of {sum(task.result.trials.values()) - task.result.trials['failed']} candidates failed)")
+    return TuneResult(canonical(tgt), time.monotonic() - start, [task.result])
+
+
+def _progress_bar(name: str, total: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=name[:32], unit="trial", dynamic_ncols=True, leave=True)

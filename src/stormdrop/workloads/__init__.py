@@ -1,0 +1,7 @@
+"""What is tuned: built-in operators and user-defined kernels (see :mod:`.kernels`)."""
+
+from __future__ import annotations
+
+from .kernels import Kernel, builtin_operators, estimate_flops, kernel_args, parse_kernel
+
+__all__ = ["Kernel", "builtin_operators", "estimate_flops", "kernel_args", "parse_kernel"]
