@@ -1,0 +1,134 @@
+"""Droplet Search logic on a synthetic noisy objective (no TVM measurement involved)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from stormdrop.raindrop import Raindrop, RaindropConfig, significantly_faster
+from stormdrop.records import MeasureResult, Phase
+from stormdrop.space import Candidate
+
+
+class GridSpace:
+    """A d-dimensional integer grid in [0, size): the raindrop's space contract without TVM."""
+
+    def __init__(self, start: tuple[int, ...], size: int) -> None:
+        self.start, self.size = start, size
+        self.max_radius = size - 1
+
+    def neighbours(self, position, radius):
+        out = []
+        for k, v in enumerate(position):
+            for s in (-radius, radius):
+                if 0 <= v + s < self.size:
+                    out.append(position[:k] + (v + s,) + position[k + 1:])
+        return out
+
+    def apply(self, position, phase=Phase.RAINDROP):
+        return make(position)
+
+    def rebase(self, cand):
+        return cand.position
+
+
+def make(position):
+    return Candidate(sch=None, phase=Phase.RAINDROP, args_info=[], trace_json=str(position), key=str(position),
+                     position=position)
+
+
+def objective(position, optimum):
+    return 1e-3 * (1 + sum((p - o) ** 2 for p, o in zip(position, optimum)))
+
+
+def run(space, start, *, optimum, noise, budget, pvalue=0.05, seed=0, repeat=5, max_batches=10_000):
+    rng = random.Random(seed)
+
+    def measure(pos):
+        base = 1e-3 if optimum is None else objective(pos, optimum)
+        return MeasureResult(run_secs=tuple(base * (1 + rng.gauss(0, noise)) for _ in range(repeat)))
+
+    start_c = make(start)
+    drop = Raindrop(space, start_c, measure(start).run_secs, budget=budget, seed=seed,
+                    config=RaindropConfig(pvalue=pvalue, batch_size=4))
+    trajectory, measured = [start], 0
+    for _ in range(max_batches):
+        batch = drop.propose()
+        if batch is None:
+            break
+        measured += sum(not c.remeasure for c in batch)
+        drop.tell(batch, [measure(c.position) for c in batch])
+        trajectory.append(drop.position)
+    return drop, trajectory, measured
+
+
+def test_significance_rules():
+    fast, slow = (1.0, 1.01, 0.99, 1.0, 1.02), (2.0, 2.01, 1.99, 2.0, 2.02)
+    assert significantly_faster(fast, slow, 0.05)
+    assert not significantly_faster(slow, fast, 0.05)
+    noisy_a, noisy_b = (1.0, 1.5, 0.5, 1.2, 0.8), (1.05, 1.45, 0.6, 1.25, 0.85)
+    assert not significantly_faster(noisy_a, noisy_b, 0.05)  # lower mean, but not significant
+    assert significantly_faster(noisy_a, noisy_b, 1.0)
+    assert significantly_faster((1.0,), (1.1,), 0.05)  # one sample each: the mean decides
+    assert not significantly_faster((), (1.0,), 0.05)
+
+
+def test_finds_the_optimum_of_a_noisy_convex_landscape():
+    space = GridSpace((0, 0, 0), 8)
+    drop, traj, _ = run(space, (0, 0, 0), optimum=(5, 2, 7), noise=0.02, budget=500)
+    assert drop.position == (5, 2, 7)
+    assert drop.done
+
+
+def test_moves_only_on_significant_improvement():
+    # A flat landscape with 20 % noise: every "improvement" is noise, so a move is a false positive.
+    moves = {0.05: [], 1.0: []}
+    for pvalue in moves:
+        for seed in range(5):
+            drop, _, measured = run(GridSpace((4, 4), 9), (4, 4), optimum=None, noise=0.2, budget=64,
+                                    pvalue=pvalue, seed=seed)
+            assert measured == 64
+            moves[pvalue].append(drop.moves)
+    # at p <= 0.05 about 5 % of the 64 comparisons may pass by chance; without the test, half do
+    assert max(moves[0.05]) <= 4
+    assert sum(moves[1.0]) > 5 * max(1, sum(moves[0.05]))
+
+
+def test_respects_budget_and_terminates():
+    space = GridSpace((0, 0), 50)
+    drop, _, measured = run(space, (0, 0), optimum=(49, 49), noise=0.01, budget=30)
+    assert measured <= 30
+    assert drop.propose() is None
+    # Unlimited budget on a small grid: stops by itself once no radius improves.
+    space = GridSpace((2, 2), 5)
+    drop, _, measured = run(space, (2, 2), optimum=(2, 2), noise=0.01, budget=10_000)
+    assert drop.done and measured < 100
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_reproducible_with_a_seed(seed):
+    a = run(GridSpace((0, 0, 0), 6), (0, 0, 0), optimum=(3, 4, 1), noise=0.05, budget=60, seed=seed)
+    b = run(GridSpace((0, 0, 0), 6), (0, 0, 0), optimum=(3, 4, 1), noise=0.05, budget=60, seed=seed)
+    assert a[1] == b[1] and a[2] == b[2]
+
+
+def test_incumbent_is_remeasured_but_not_counted():
+    space = GridSpace((1, 1), 4)
+    drop = Raindrop(space, make((1, 1)), (1.0, 1.0), budget=3, config=RaindropConfig(batch_size=8))
+    batch = drop.propose()
+    assert batch[0].remeasure and batch[0].key == str((1, 1))
+    assert sum(not c.remeasure for c in batch) == 3  # capped by the budget
+    drop.tell(batch, [MeasureResult(run_secs=(1.0, 1.0))] * len(batch))
+    assert drop.budget == 0 and drop.propose() is None
+
+
+def test_failures_never_win():
+    space = GridSpace((1,), 3)
+    drop = Raindrop(space, make((1,)), (1.0, 1.0, 1.0), budget=10)
+    batch = drop.propose()
+    from stormdrop.records import ErrorKind
+
+    drop.tell(batch, [MeasureResult(run_secs=(1.0, 1.0, 1.0)) if c.remeasure
+                      else MeasureResult.failure(ErrorKind.WRONG_RESULT, "bad") for c in batch])
+    assert drop.position == (1,) and drop.moves == 0
