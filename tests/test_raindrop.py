@@ -86,11 +86,10 @@ def test_moves_only_on_significant_improvement():
     moves = {0.05: [], 1.0: []}
     for pvalue in moves:
         for seed in range(5):
-            drop, _, measured = run(GridSpace((4, 4), 9), (4, 4), optimum=None, noise=0.2, budget=64,
+            drop, _, _ = run(GridSpace((4, 4), 9), (4, 4), optimum=None, noise=0.2, budget=64,
                                     pvalue=pvalue, seed=seed)
-            assert measured == 64
             moves[pvalue].append(drop.moves)
-    # at p <= 0.05 about 5 % of the 64 comparisons may pass by chance; without the test, half do
+    # at p <= 0.05 about 5 % of the comparisons may pass by chance; without the test, about half do
     assert max(moves[0.05]) <= 4
     assert sum(moves[1.0]) > 5 * max(1, sum(moves[0.05]))
 

@@ -1,0 +1,130 @@
+"""Peers of stormdrop for bench_kernels.py: MetaSchedule runs, vendor libraries, machine facts."""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+MS_LOGGER = "tvm.s_tir.meta_schedule"
+
+
+def short(err: BaseException | str, limit: int = 80) -> str:
+    """A one-line reason for a table cell (no '|', which would break the Markdown table)."""
+    text = str(err).strip() or type(err).__name__
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    line = next((ln for ln in reversed(lines) if "Error" in ln), lines[-1] if lines else "")
+    if isinstance(err, BaseException) and type(err).__name__ not in line:
+        line = f"{type(err).__name__}: {line}"
+    return line.replace("|", "/")[:limit]
+
+
+def machine() -> str:
+    """CPU model name (lscpu, else platform.processor()) and core counts."""
+    model = ""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        model = next((ln.split(":", 1)[1].strip() for ln in out.splitlines()
+                      if ln.lower().startswith("model name")), "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    from stormdrop.target import physical_cores
+
+    return f"{model or platform.processor() or 'unknown CPU'}, {physical_cores()} physical cores " \
+           f"({os.cpu_count()} logical)"
+
+
+def quiet_meta_schedule() -> None:
+    """Console output of MetaSchedule at WARNING (its per-task logs still go to work_dir files).
+
+    ``tune_tir`` reconfigures the logger (level DEBUG) on every call and takes the console
+    level from the level the logger had before, so this is called before every run.
+    """
+    logging.getLogger(MS_LOGGER).setLevel(logging.WARNING)
+
+
+def run_meta_schedule(mod: Any, target: Any, trials: int, seed: int, post_opt: bool) -> dict:
+    """``ms.tune_tir`` at ``trials`` in a fresh work dir; returns the best schedule's module.
+
+    With ``post_opt`` the Droplet post-optimization (up to 100 more trials, not configurable
+    through tune_tir) appends its best record to the JSON files only, so the database is
+    re-opened from the work dir before ``compile_tir``.
+    """
+    import tvm.s_tir.meta_schedule as ms
+
+    quiet_meta_schedule()
+    with tempfile.TemporaryDirectory(prefix="bench-ms-") as work_dir:
+        t0 = time.monotonic()
+        db = ms.tune_tir(mod, target=target, work_dir=work_dir, max_trials_global=trials,
+                         num_trials_per_iter=64, seed=seed, post_optimization=post_opt)
+        tuning_s = time.monotonic() - t0
+        if post_opt:
+            db = ms.database.JSONDatabase(work_dir=work_dir)
+        records = db.get_all_tuning_records()
+        measured = [r for r in records if r.run_secs and float(r.run_secs[0]) < 1e9]
+        self_best = min((statistics.fmean(float(s) for s in r.run_secs) for r in measured), default=None)
+        sch = ms.tir_integration.compile_tir(db, mod, target)
+        if sch is None:
+            raise RuntimeError(f"no valid schedule among {len(records)} records")
+        return {"mod": sch.mod, "tuning_s": tuning_s, "trials": len(records), "self_latency_s": self_best}
+
+
+# ----------------------------------------------------------------------------- vendor libraries
+
+
+def _time_call(fn: Callable[[], object], repeat: int = 10, min_repeat_s: float = 0.05) -> float:
+    """Median seconds per call over ``repeat`` samples of >= ``min_repeat_s`` each (like the gateway)."""
+    for _ in range(3):
+        fn()
+    t0 = time.perf_counter()
+    fn()
+    once = max(time.perf_counter() - t0, 1e-7)
+    number = max(1, int(min_repeat_s / once) + 1)
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        samples.append((time.perf_counter() - t0) / number)
+    return statistics.median(samples)
+
+
+def vendor_latency(op_class: str, args: list[tuple[str, tuple[int, ...], str]],
+                   params: dict[str, str], threads: int) -> tuple[float | None, str]:
+    """(seconds, library) for NumPy/OpenBLAS (matmuls) or PyTorch (NCHW convs); (None, why) otherwise."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    if any(dt != "float32" for _, _, dt in args):
+        return None, "n/a (dtype)"
+    ins = [rng.standard_normal(shape, dtype=np.float32) for _, shape, _ in args[:-1]]
+    out = np.empty(args[-1][1], dtype=np.float32)
+    if op_class in ("matmul", "batch_matmul"):
+        a, b = ins
+        return _time_call(lambda: np.matmul(a, b, out=out)), "numpy"
+    if op_class == "dense":  # out = data @ weight.T, weight stored (N, K) as in the TVM kernel
+        x, w = ins
+        return _time_call(lambda: np.matmul(x, w.T, out=out)), "numpy"
+    if op_class not in ("conv2d", "depthwise_conv2d"):
+        return None, "n/a"
+    try:
+        import torch
+    except ImportError:
+        return None, "n/a (no torch)"
+    torch.set_num_threads(threads)
+    data, weight = (torch.from_numpy(t) for t in ins)
+    stride, pad = int(params.get("stride", 1)), int(params.get("pad", 0))
+    groups = data.shape[1] if op_class == "depthwise_conv2d" else 1
+    conv = torch.nn.functional.conv2d
+
+    def run() -> object:
+        with torch.no_grad():
+            return conv(data, weight, stride=stride, padding=pad, groups=groups)
+
+    return _time_call(run), "torch"
