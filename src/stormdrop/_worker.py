@@ -16,8 +16,7 @@ from typing import Any
 
 def serve(conn: Any, role: str, target_json: str, rpc: dict | None) -> None:
     """Worker main loop (entry point of the child process)."""
-    os.environ.setdefault("TVM_NUM_THREADS", "")
-    import tvm  # noqa: F401  (imported once per worker)
+    import tvm  # noqa: F401  (imported once per worker; TVM_NUM_THREADS is set by the parent)
 
     from . import _tvm
     from .target import from_canonical

@@ -67,6 +67,12 @@ class _Worker:
         cmd = [sys.executable, "-m", "stormdrop._worker", str(fd), self.role, self.target_json,
                json.dumps(self.rpc)]
         env = dict(os.environ)
+        if self.role == "runner" and "TVM_NUM_THREADS" not in env:
+            # TVM's runtime defaults to hardware_concurrency / 2 threads on x86 (1 on a 2-core
+            # machine), not the target's num-cores: kernels would be timed on half the machine.
+            cores = json.loads(self.target_json).get("num-cores")
+            if cores:
+                env["TVM_NUM_THREADS"] = str(cores)
         src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
         self.proc = subprocess.Popen(cmd, pass_fds=(fd,), env=env, stdin=subprocess.DEVNULL)

@@ -1,0 +1,187 @@
+"""End to end: tiny kernels tuned for real (real builds, real runs), resume, wrong kernels."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tvm
+
+from stormdrop import _tvm
+from stormdrop.database import Database
+from stormdrop.records import ErrorKind, Phase
+from stormdrop.storm import Storm
+from stormdrop.tune import tune_kernel
+from stormdrop.workloads import parse_kernel
+
+SPEC = "matmul:M=64,N=64,K=64"
+
+
+def _stormdrop(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "stormdrop", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _rows(db_path):
+    with sqlite3.connect(db_path) as con:
+        table = [t for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'")
+                 if "record" in t][0]
+        return con.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall()
+
+
+def test_tiny_kernel_end_to_end_is_verified_and_resumes(tmp_path):
+    db = tmp_path / "t.db"
+    result = tune_kernel(SPEC, trials=8, exploit_trials=8, db=db, seed=1)
+    task = result.tasks[0]
+    assert task.verified and task.latency_s > 0
+    assert task.trials["storm"] == 8
+    assert 1 <= task.trials["raindrop"] <= 8
+    assert json.loads(result.target)["kind"] == "llvm" and "mcpu" in json.loads(result.target)
+    with Database(db) as d:
+        entry = d.find_workload(parse_kernel(SPEC).mod)
+        records = d.records(entry.workload_id)
+        assert len(records) == task.trials["storm"] + task.trials["raindrop"]
+        best = d.best(entry.workload_id, result.target)[0]
+    assert best.mean == pytest.approx(task.latency_s)
+    # The best trace, replayed from the database, computes the right answer.
+    kernel = parse_kernel(SPEC)
+    sch = _tvm.schedule_from_trace_json(kernel.mod, task.trace_json)
+    ex = tvm.compile(sch.mod, target=tvm.target.Target(json.loads(result.target)))
+    a, b = np.random.rand(64, 64).astype("float32"), np.random.rand(64, 64).astype("float32")
+    out = tvm.runtime.empty((64, 64), "float32", tvm.cpu())
+    ex["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
+    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4)
+    # Re-running the same command measures nothing new and reports the same best.
+    again = tune_kernel(SPEC, trials=8, exploit_trials=8, db=db, seed=1).tasks[0]
+    assert again.trials == {"reuse": 0, "storm": 0, "raindrop": 0, "failed": 0}
+    assert again.latency_s == pytest.approx(task.latency_s)
+    assert len(_rows(db)) == len(records)
+
+
+def test_kill_9_loses_nothing_and_the_rerun_measures_nothing_twice(tmp_path):
+    db, out = tmp_path / "k.db", tmp_path / "k.json"
+    args = ["-m", "stormdrop", "tune", "--kernel", SPEC, "--trials", "40", "--exploit-trials", "0",
+            "--batch-size", "4", "--db", str(db), "--no-progress"]
+    proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if db.exists() and len(_safe_rows(db)) >= 8:
+            break
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = _rows(db)
+    assert 8 <= len(before) < 40, "the kill came too late to test anything"
+    result = _stormdrop("tune", "--kernel", SPEC, "--trials", "40", "--exploit-trials", "0", "--batch-size", "4",
+                        "--db", str(db), "--json", str(out), "--no-progress")
+    assert result.returncode == 0, result.stderr
+    after = _rows(db)
+    assert after[: len(before)] == before, "records committed before the kill changed"
+    new = json.loads(out.read_text())["tasks"][0]["trials"]
+    assert new["storm"] == len(after) - len(before) <= 40 - len(before)
+    with Database(db) as d:
+        (entry,) = d.workloads()
+        keys = [r.candidate_key for r in d.records(entry.workload_id)]
+    assert len(keys) == len(set(keys)), "a schedule was measured twice"
+
+
+def _safe_rows(db):
+    try:
+        return _rows(db)
+    except (sqlite3.Error, IndexError):
+        return []
+
+
+def test_a_wrong_kernel_is_never_chosen(tmp_path, monkeypatch):
+    """Inject, into the storm's first batch, a kernel that computes the wrong thing fast."""
+    from tvm import te
+
+    n = 64
+    A, B = te.placeholder((n, n), name="A"), te.placeholder((n, n), name="B")
+    wrong = tvm.IRModule({"main": te.create_prim_func([A, B, te.compute((n, n), lambda i, j: A[i, j] + B[i, j],
+                                                                        name="C")])})
+    original = Storm.propose
+    injected = []
+
+    def propose(self):
+        batch = original(self)
+        if batch and not injected:
+            batch[0].sch = tvm.s_tir.Schedule(wrong)  # measured as if it were the first candidate
+            injected.append(batch[0].key)
+        return batch
+
+    monkeypatch.setattr(Storm, "propose", propose)
+    result = tune_kernel(SPEC, trials=4, exploit_trials=0, db=tmp_path / "w.db", seed=0)
+    task = result.tasks[0]
+    assert task.verified and task.trials["failed"] >= 1
+    with Database(tmp_path / "w.db") as d:
+        (entry,) = d.workloads()
+        recs = {r.candidate_key: r for r in d.records(entry.workload_id)}
+    assert recs[injected[0]].result.error is ErrorKind.WRONG_RESULT
+    assert recs[injected[0]].phase is Phase.STORM
+    assert task.trace_json != recs[injected[0]].trace_json
+
+
+def test_cli_json_export_import_show(tmp_path):
+    db, out, ms_dir = tmp_path / "c.db", tmp_path / "r.json", tmp_path / "ms"
+    r = _stormdrop("tune", "--kernel", "dense_bias_relu:M=16,N=32,K=16", "--trials", "4", "--exploit-trials", "4",
+                   "--db", str(db), "--json", str(out), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert "GFLOPS" in r.stdout and "dense_bias_relu" in r.stdout
+    doc = json.loads(out.read_text())
+    assert set(doc) == {"target", "tuning_s", "tasks"}
+    (task,) = doc["tasks"]
+    assert set(task) == {"name", "workload", "flops", "latency_s", "verified", "tuning_s", "trials"}
+    assert task["verified"] is True and task["flops"] == 2 * 16 * 32 * 16 + 2 * 16 * 32
+    assert set(task["trials"]) == {"reuse", "storm", "raindrop", "failed"}
+
+    r = _stormdrop("export", "--db", str(db), "--format", "metaschedule", "--out", str(ms_dir))
+    assert r.returncode == 0, r.stderr
+    import tvm.s_tir.meta_schedule as ms
+
+    kernel = parse_kernel("dense_bias_relu:M=16,N=32,K=16")
+    target = tvm.target.Target(json.loads(doc["target"]))
+    sch = ms.tir_integration.compile_tir(ms.database.JSONDatabase(work_dir=str(ms_dir)), kernel.mod, target)
+    assert sch is not None
+
+    db2 = tmp_path / "c2.db"
+    r = _stormdrop("import", "--db", str(db2), str(ms_dir))
+    assert r.returncode == 0, r.stderr
+    r = _stormdrop("show", "--db", str(db2))
+    assert r.returncode == 0 and "imported_" in r.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["tune", "--kernel", "matmul:M=4,N=4"], "K"),
+    (["tune", "--kernel", "nosuchop:M=4"], "matmul"),
+    (["tune", "--kernel", "matmul:M=4,N=4,K=4", "--target", "{oops"], "--target"),
+    (["tune", "--kernel", "matmul:M=4,N=4,K=4", "--trials", "many"], "--trials"),
+    (["tune", "--kernel", "matmul:M=4,N=4,K=4", "--pvalue", "3"], "pvalue"),
+    (["tune"], "--kernel"),
+    (["show", "--db", "/nonexistent/x.db"], "no database"),
+    (["import", "--db", "IGNORED", "/nonexistent/dir"], "nonexistent"),
+])
+def test_bad_input_gives_one_error_line_and_exit_2(tmp_path, args, needle):
+    args = [str(tmp_path / "i.db") if a == "IGNORED" else a for a in args]
+    r = _stormdrop(*args, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stormdrop: error:"), r.stderr
+    assert needle in lines[0]
+    assert "Traceback" not in r.stderr
+
+
+def test_a_corrupt_database_is_refused_and_left_alone(tmp_path):
+    db = tmp_path / "garbage.db"
+    db.write_bytes(b"this is not sqlite" * 100)
+    r = _stormdrop("tune", "--kernel", SPEC, "--trials", "2", "--db", str(db), timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert db.read_bytes() == b"this is not sqlite" * 100
