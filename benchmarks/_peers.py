@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import platform
@@ -49,6 +50,9 @@ def quiet_meta_schedule() -> None:
     logging.getLogger(MS_LOGGER).setLevel(logging.WARNING)
 
 
+from stormdrop._tvm import load_tensor_intrinsics  # noqa: E402
+
+
 def run_meta_schedule(mod: Any, target: Any, trials: int, seed: int, post_opt: bool) -> dict:
     """``ms.tune_tir`` at ``trials`` in a fresh work dir; returns the best schedule's module.
 
@@ -59,10 +63,16 @@ def run_meta_schedule(mod: Any, target: Any, trials: int, seed: int, post_opt: b
     import tvm.s_tir.meta_schedule as ms
 
     quiet_meta_schedule()
+    # As shipped, LocalBuilder starts a new process pool on every batch whose default_build
+    # imports every backend's tensor intrinsics (~32 s on this machine), past its own 30 s
+    # timeout: every candidate failed to build. MetaSchedule is given stormdrop's cheap
+    # CPU-only intrinsics import in its builder workers, so it is measured at its best.
+    builder = ms.builder.LocalBuilder(timeout_sec=60.0,
+                                      initializer=functools.partial(load_tensor_intrinsics, "llvm"))
     with tempfile.TemporaryDirectory(prefix="bench-ms-") as work_dir:
         t0 = time.monotonic()
         db = ms.tune_tir(mod, target=target, work_dir=work_dir, max_trials_global=trials,
-                         num_trials_per_iter=64, seed=seed, post_optimization=post_opt)
+                         num_trials_per_iter=64, seed=seed, post_optimization=post_opt, builder=builder)
         tuning_s = time.monotonic() - t0
         if post_opt:
             db = ms.database.JSONDatabase(work_dir=work_dir)

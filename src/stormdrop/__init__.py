@@ -8,3 +8,21 @@ Search exploitation, and a persistent SQLite database of every measurement.
 from __future__ import annotations
 
 __version__ = "0.1.0"
+
+__all__ = ["__version__", "open_database", "parse_kernel", "tune_kernel"]
+
+
+def __getattr__(name: str):  # lazy: `import stormdrop` stays cheap (no TVM import)
+    if name == "tune_kernel":
+        from .tune import tune_kernel
+
+        return tune_kernel
+    if name == "parse_kernel":
+        from .workloads import parse_kernel
+
+        return parse_kernel
+    if name == "open_database":
+        from .database import Database
+
+        return Database
+    raise AttributeError(name)

@@ -180,7 +180,7 @@ class Gateway:
                 worker.send("build", (tvm.ir.save_json(mods[job]), path))
                 busy[id(worker.conn)] = (worker, job)
             conns = [w.conn for w, _ in busy.values()]
-            ready = wait(conns, timeout=1.0)
+            ready = wait(conns, timeout=0.5)
             now = time.monotonic()
             for conn in ready:
                 worker, job = busy.pop(id(conn))
