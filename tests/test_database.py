@@ -23,11 +23,11 @@ from stormdrop.database import (
     candidate_key,
     canonical_target,
     export_metaschedule,
-    format_best_table,
     import_metaschedule,
 )
 from stormdrop.errors import DatabaseError
 from stormdrop.records import ErrorKind, MeasureResult, Phase, Record
+from stormdrop.report import format_best_table
 
 TARGET = Target({"kind": "llvm", "num-cores": 2})
 TARGET_KEY = canonical_target(TARGET)

@@ -38,11 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    t = sub.add_parser("tune", help="tune a kernel")
-    t.add_argument("--kernel", required=True, metavar="SPEC",
-                   help="built-in 'matmul:M=512,N=512,K=512' (see `stormdrop ops`) or 'file.py:function'")
+    t = sub.add_parser("tune", help="tune a kernel or a whole model")
+    what = t.add_mutually_exclusive_group(required=True)
+    what.add_argument("--kernel", metavar="SPEC",
+                      help="built-in 'matmul:M=512,N=512,K=512' (see `stormdrop ops`) or 'file.py:function'")
+    what.add_argument("--model", metavar="NAME|PATH", help="a zoo name (see `stormdrop zoo list`) or an .onnx file")
     t.add_argument("--target", default=None, help='TVM target as JSON dict or tag, "llvm" or "cuda" (default: host CPU)')
-    t.add_argument("--trials", type=_positive(int), default=64, help="storm (exploration) candidates (default 64)")
+    t.add_argument("--trials", type=_positive(int), default=None,
+                   help="kernel: storm (exploration) candidates (default 64); model: all tasks together (default 1000)")
     t.add_argument("--exploit-trials", type=_positive(int), default=None,
                    help="raindrop (exploitation) candidates at most (default: same as --trials)")
     t.add_argument("--time-budget", type=_positive(float), default=None, metavar="SECONDS")
@@ -59,6 +62,23 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT", help="time on a device of this RPC tracker")
     t.add_argument("--rpc-key", default=None, help="device key at the RPC tracker")
     t.add_argument("--no-progress", action="store_true")
+    t.add_argument("--trials-per-task", type=_positive(int), default=128,
+                   help="model: at most this many candidates per task, half storm, half raindrop")
+    t.add_argument("--output", default=None, metavar="PATH", help="model: write the compiled model (.so)")
+    t.add_argument("--input-shape", action="append", default=None, metavar="NAME:1x3x224x224")
+    t.add_argument("--batch", type=_positive(int), default=1)
+    t.add_argument("--resolution", type=_positive(int), default=None, help="zoo image models: input size")
+    t.add_argument("--seq-len", type=_positive(int), default=None, help="zoo BERT: sequence length")
+
+    z = sub.add_parser("zoo", help="the built-in model zoo")
+    zsub = z.add_subparsers(dest="zoo_command", required=True, parser_class=_Parser)
+    zsub.add_parser("list", help="list the zoo models")
+    ze = zsub.add_parser("export", help="write a zoo model as ONNX")
+    ze.add_argument("name")
+    ze.add_argument("out")
+    ze.add_argument("--batch", type=_positive(int), default=1)
+    ze.add_argument("--resolution", type=_positive(int), default=None)
+    ze.add_argument("--seq-len", type=_positive(int), default=None)
 
     s = sub.add_parser("show", help="best record per workload")
     s.add_argument("--db", default=None)
@@ -77,28 +97,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from .measure import MeasureConfig
     from .report import task_table
     from .storm import StormConfig
     from .target import describe, parse_target
     from .tune import tune_kernel
     from .workloads import parse_kernel
 
+    if args.model:
+        return _cmd_tune_model(args)
     kernel = parse_kernel(args.kernel)  # validate input before any slow work
     target = parse_target(args.target)
     if not 0 < args.pvalue <= 1:
         raise SpecError(f"--pvalue must be in (0, 1], got {args.pvalue}")
-    rpc = None
-    if args.rpc_tracker or args.rpc_key:
-        host, _, port = (args.rpc_tracker or "").rpartition(":")
-        if not host or not port.isdigit() or not args.rpc_key:
-            raise SpecError("--rpc-tracker HOST:PORT and --rpc-key KEY go together")
-        rpc = {"host": host, "port": int(port), "key": args.rpc_key}
-    measure = MeasureConfig(repeat=max(1, args.repeat), min_repeat_ms=args.min_repeat_ms,
-                            cache_flush=args.cache_flush, build_timeout_s=args.build_timeout,
-                            run_timeout_s=args.run_timeout, rpc=rpc)
+    measure = _measure_config(args)
     log.info("tuning %s on %s", kernel.name, describe(target))
-    result = tune_kernel(kernel, target=target, trials=args.trials, exploit_trials=args.exploit_trials,
+    result = tune_kernel(kernel, target=target, trials=64 if args.trials is None else args.trials, exploit_trials=args.exploit_trials,
                          time_budget=args.time_budget, db=args.db, seed=args.seed, pvalue=args.pvalue,
                          measure=measure, storm=StormConfig(batch_size=max(1, args.batch_size)),
                          progress=not args.no_progress and sys.stderr.isatty())
@@ -107,6 +120,58 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result.to_json(), f, indent=2)
+    return 0
+
+
+def _measure_config(args: argparse.Namespace):
+    from .measure import MeasureConfig
+
+    rpc = None
+    if args.rpc_tracker or args.rpc_key:
+        host, _, port = (args.rpc_tracker or "").rpartition(":")
+        if not host or not port.isdigit() or not args.rpc_key:
+            raise SpecError("--rpc-tracker HOST:PORT and --rpc-key KEY go together")
+        rpc = {"host": host, "port": int(port), "key": args.rpc_key}
+    return MeasureConfig(repeat=max(1, args.repeat), min_repeat_ms=args.min_repeat_ms,
+                         cache_flush=args.cache_flush, build_timeout_s=args.build_timeout,
+                         run_timeout_s=args.run_timeout, rpc=rpc)
+
+
+def _cmd_tune_model(args: argparse.Namespace) -> int:
+    from .model_tune import tune_model
+    from .report import task_table
+    from .storm import StormConfig
+    from .target import describe, parse_target
+    from .workloads.models import load_model, parse_input_shapes
+
+    target = parse_target(args.target)
+    model = load_model(args.model, input_shapes=parse_input_shapes(args.input_shape), batch=args.batch,
+                       resolution=args.resolution, seq_len=args.seq_len, seed=args.seed)
+    result = tune_model(model, target=target, trials=1000 if args.trials is None else args.trials,
+                        trials_per_task=max(2, args.trials_per_task), time_budget=args.time_budget, db=args.db,
+                        seed=args.seed, pvalue=args.pvalue, output=args.output, measure=_measure_config(args),
+                        storm=StormConfig(batch_size=max(1, args.batch_size)), progress=not args.no_progress)
+    print(task_table(result.tasks))
+    lat = result.latency_s
+    fmt = lambda v: "n/a" if v is None else f"{v * 1e3:.3f} ms"  # noqa: E731
+    print(f"model {result.model} on {describe(target)}: tuned {fmt(lat.get('tuned'))}, "
+          f"untuned {fmt(lat.get('untuned'))}, onnxruntime {fmt(lat.get('onnxruntime'))}; "
+          f"tuning {result.tuning_s:.1f} s; output matches the reference (max |diff| {result.max_abs_error:.2g})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result.to_json(), f, indent=2)
+    return 0
+
+
+def _cmd_zoo(args: argparse.Namespace) -> int:
+    from .workloads.zoo import export_zoo_model, zoo_names
+
+    if args.zoo_command == "list":
+        print("\n".join(zoo_names()))
+        return 0
+    kw = {k: v for k, v in (("batch", args.batch), ("resolution", args.resolution), ("seq_len", args.seq_len)) if v}
+    export_zoo_model(args.name, args.out, **kw)
+    print(f"wrote {args.name} to {args.out}")
     return 0
 
 
@@ -122,7 +187,7 @@ def _open_db(path: str | None, must_exist: bool = True):
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    from .database import format_best_table
+    from .report import format_best_table
 
     with _open_db(args.db) as db:
         print(format_best_table(db))
@@ -156,7 +221,8 @@ def _cmd_ops(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"tune": _cmd_tune, "show": _cmd_show, "export": _cmd_export, "import": _cmd_import, "ops": _cmd_ops}
+COMMANDS = {"tune": _cmd_tune, "show": _cmd_show, "export": _cmd_export, "import": _cmd_import, "ops": _cmd_ops,
+            "zoo": _cmd_zoo}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,6 +58,7 @@ class _Worker:
         self.proc: Any = None
         self.conn: Any = None
         self.started_at = 0.0
+        self.generation = 0  # bumped on every (re)start: a new process holds no state
 
     def start(self) -> None:
         # A plain subprocess, not multiprocessing's spawn: spawn re-imports the
@@ -78,6 +79,7 @@ class _Worker:
         self.proc = subprocess.Popen(cmd, pass_fds=(fd,), env=env, stdin=subprocess.DEVNULL)
         child.close()
         self.conn = Connection(parent.detach())
+        self.generation += 1
 
     def ensure(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -135,6 +137,7 @@ class Gateway:
         self._workdir = tempfile.mkdtemp(prefix="stormdrop-")
         self._references: set[str] = set()
         self._workloads: dict[str, tuple[str, int]] = {}
+        self._runner_generation = 0
         self._counter = 0
         self.stats = {"build_s": 0.0, "run_s": 0.0, "measured": 0}
         for w in (*self._builders, self._runner):
@@ -146,6 +149,10 @@ class Gateway:
         self._ensure_reference(key)
 
     def _ensure_reference(self, key: str) -> None:
+        self._runner.ensure()
+        if self._runner.generation != self._runner_generation:  # restarted: references are gone
+            self._references.clear()
+            self._runner_generation = self._runner.generation
         if key in self._references:
             return
         status, value = self._runner.call("reference", (key, *self._workloads[key]),
@@ -207,11 +214,8 @@ class Gateway:
         except OSError:
             pass
         if status == "timeout":
-            self._references.discard(key)
             return MeasureResult.failure(ErrorKind.RUN_TIMEOUT, str(value))
         if status != "ok":
-            if status == "crash":
-                self._references.clear()  # the new worker has no references yet
             return MeasureResult.failure(ErrorKind.RUN_ERROR, str(value))
         if "wrong" in value:
             return MeasureResult.failure(ErrorKind.WRONG_RESULT, value["wrong"])

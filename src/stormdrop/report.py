@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -33,3 +34,42 @@ def task_table(tasks: Sequence[object]) -> str:
                      f"{t.trials['storm']}+{t.trials['raindrop']}", t.trials["failed"],
                      "yes" if t.verified else "NO", t.tuning_s])
     return table(header, rows)
+
+
+def format_best_table(db: Any, target: str | None = None) -> str:
+    """The best record per (workload, target) as a MetaSchedule-style task table.
+
+    One section per target (headed ``Target: ...``); rows for workloads with at
+    least one record there. ``Trials`` counts all records, failures included.
+    """
+    from .database import canonical_target
+
+    if target is not None:
+        target = canonical_target(target)
+    sections: dict[str, list[list[str]]] = {}
+    totals: dict[str, tuple[int, float]] = {}
+    for wl in db.workloads():
+        for tgt in db.targets(wl.workload_id) if target is None else [target]:
+            trials = db.count(wl.workload_id, tgt)
+            if trials == 0:
+                continue
+            best = db.best(wl.workload_id, tgt, 1)
+            if best:
+                lat_us = best[0].mean * 1e6
+                speed = f"{wl.flops / lat_us / 1e3:.4f}" if wl.flops > 0 and lat_us > 0 else "N/A"
+                lat = f"{lat_us:.4f}"
+            else:
+                lat_us, speed, lat = 0.0, "N/A", "N/A"
+            row = [str(wl.workload_id), wl.name, str(wl.flops), "1", speed, lat, str(trials)]
+            sections.setdefault(tgt, []).append(row + ["Y" if best else ""])
+            n, total = totals.get(tgt, (0, 0.0))
+            totals[tgt] = (n + trials, total + lat_us)
+    if not sections:
+        return "No records." + ("" if target is None else f" (target {target})")
+    header = ["ID", "Name", "FLOP", "Weight", "Speed (GFLOPS)", "Latency (us)", "Trials", "Done"]
+    out: list[str] = []
+    for tgt, rows in sections.items():
+        n, total = totals[tgt]
+        out += [f"Target: {tgt}", table(header, rows)]
+        out += [f"Total trials: {n}", f"Total latency (us): {total:.4f}", ""]
+    return "\n".join(out).rstrip("\n")

@@ -31,8 +31,8 @@ class StormConfig:
     """Evolutionary search parameters (Ansor's names; defaults for small budgets)."""
 
     batch_size: int = 16
-    population_size: int = 256
-    genetic_num_iters: int = 3
+    population_size: int = 512
+    genetic_num_iters: int = 4
     genetic_mutate_prob: float = 0.85
     init_measured_ratio: float = 0.2
     init_min_unmeasured: int = 64

@@ -44,6 +44,7 @@ class TaskResult:
     trials: dict[str, int] = field(default_factory=lambda: {"reuse": 0, "storm": 0, "raindrop": 0, "failed": 0})
     trace_json: str | None = None
     history: list[tuple[float, float]] = field(default_factory=list)  # (elapsed s, best latency s)
+    weight: int = 1  # occurrences in a model
 
     @property
     def gflops(self) -> float | None:
@@ -134,35 +135,78 @@ def _args_json(c: Candidate) -> str:
     return json.dumps([_tvm.to_py(a.as_json()) for a in c.args_info])
 
 
-def run_storm(task: TaskSession, trials: int, config: StormConfig, deadline: float) -> Storm:
-    """Explore until ``trials`` storm candidates are stored (or time is up)."""
-    history = []
-    for rec in task.stored():
-        try:
-            history.append((task.candidate_of(rec, rec.phase), rec.result))
-        except Exception as err:  # noqa: BLE001 - a stored trace that no longer replays is skipped
-            log.debug("skipping stored record %s: %s", rec.record_id, err)
-    remaining = max(0, trials - len(task.stored(Phase.STORM)))
-    storm = Storm(task.kernel.mod, task.target, trials=remaining, seed=task.seed, config=config, history=history)
-    while time.monotonic() < deadline and (cands := storm.propose()) is not None:
-        storm.tell(cands, task.evaluate(cands))
-    return storm
+class TaskTuner:
+    """One task's phases as a state machine: storm until its trials are stored, then raindrop.
 
+    ``step()`` runs one batch (propose, evaluate, tell) so that a scheduler can
+    interleave tasks; a kernel tune simply steps one tuner until it is done.
+    """
 
-def run_raindrop(task: TaskSession, storm: Storm, budget: int, config: RaindropConfig, deadline: float) -> None:
-    """Droplet Search from the best stored record for up to ``budget`` new candidates."""
-    budget = max(0, budget - len(task.stored(Phase.RAINDROP)))
-    best = task.db.best(task.entry.workload_id, task.target_key, k=1)
-    if not best or budget <= 0:
-        return
-    incumbent = task.candidate_of(best[0], Phase.RAINDROP)
-    space = DecisionSpace(task.kernel.mod, storm.ctx.space_generator.postprocs, incumbent.sch.trace,
-                          num_cores=int(task.target.attrs.get("num-cores", 1)))
-    drop = Raindrop(space, incumbent, best[0].result.run_secs, budget=budget, seed=task.seed, config=config,
-                    rank=storm.predict)
-    while time.monotonic() < deadline and (cands := drop.propose()) is not None:
-        drop.tell(cands, task.evaluate(cands))
-    log.info("raindrop: %d moves, %.1f -> %.1f us", drop.moves, best[0].mean * 1e6, drop.history[-1] * 1e6)
+    def __init__(self, task: TaskSession, *, trials: int, exploit_trials: int,
+                 storm: StormConfig | None = None, raindrop: RaindropConfig | None = None) -> None:
+        self.task, self.trials, self.exploit_trials = task, trials, exploit_trials
+        self.storm_config = storm or StormConfig()
+        self.raindrop_config = raindrop or RaindropConfig()
+        self.storm: Storm | None = None
+        self.drop: Raindrop | None = None
+        self.done = False
+        self.rounds = 0
+
+    @property
+    def phase(self) -> Phase:
+        return Phase.RAINDROP if self.drop is not None else Phase.STORM
+
+    def step(self) -> bool:
+        """Measure one batch; False (and ``done``) once both phases are over."""
+        if self.done:
+            return False
+        if self.storm is None:
+            self.storm = self._start_storm()
+        if self.drop is None:
+            cands = self.storm.propose()
+            if cands is not None:
+                self.storm.tell(cands, self.task.evaluate(cands))
+                self.rounds += 1
+                return True
+            self.drop = self._start_raindrop()
+        cands = self.drop.propose() if self.drop is not None else None
+        if cands is None:
+            self.finish()
+            return False
+        self.drop.tell(cands, self.task.evaluate(cands))
+        self.rounds += 1
+        return True
+
+    def finish(self) -> None:
+        if not self.done and self.drop is not None and self.drop.moves:
+            log.info("%s raindrop: %d moves -> %.1f us", self.task.kernel.name, self.drop.moves,
+                     self.drop.history[-1] * 1e6)
+        if self.storm is not None:
+            self.storm.close()
+        self.done = True
+
+    def _start_storm(self) -> Storm:
+        history = []
+        for rec in self.task.stored():
+            try:
+                history.append((self.task.candidate_of(rec, rec.phase), rec.result))
+            except Exception as err:  # noqa: BLE001 - a stored trace that no longer replays is skipped
+                log.debug("skipping stored record %s: %s", rec.record_id, err)
+        remaining = max(0, self.trials - len(self.task.stored(Phase.STORM)))
+        return Storm(self.task.kernel.mod, self.task.target, trials=remaining, seed=self.task.seed,
+                     config=self.storm_config, history=history)
+
+    def _start_raindrop(self) -> Raindrop | None:
+        task = self.task
+        budget = max(0, self.exploit_trials - len(task.stored(Phase.RAINDROP)))
+        best = task.db.best(task.entry.workload_id, task.target_key, k=1)
+        if not best or budget <= 0:
+            return None
+        incumbent = task.candidate_of(best[0], Phase.RAINDROP)
+        space = DecisionSpace(task.kernel.mod, self.storm.ctx.space_generator.postprocs, incumbent.sch.trace,
+                              num_cores=int(task.target.attrs.get("num-cores", 1)))
+        return Raindrop(space, incumbent, best[0].result.run_secs, budget=budget, seed=task.seed,
+                        config=self.raindrop_config, rank=self.storm.predict)
 
 
 def verify_best(task: TaskSession, k: int = 3) -> None:
@@ -209,9 +253,10 @@ def tune_kernel(kernel: str | Kernel, *, target: str | dict | Target | None = No
             task = TaskSession(database, gateway, k, tgt, seed, progress=bar)
             if bar is not None:
                 bar.update(min(len(task.stored(Phase.STORM)), trials) + min(len(task.stored(Phase.RAINDROP)), exploit))
-            st = run_storm(task, trials, storm or StormConfig(), deadline)
-            run_raindrop(task, st, exploit, rcfg, deadline)
-            st.close()
+            tuner = TaskTuner(task, trials=trials, exploit_trials=exploit, storm=storm, raindrop=rcfg)
+            while time.monotonic() < deadline and tuner.step():
+                pass
+            tuner.finish()
             verify_best(task)
             task.result.tuning_s = time.monotonic() - start
     finally:
@@ -220,8 +265,10 @@ def tune_kernel(kernel: str | Kernel, *, target: str | dict | Target | None = No
         if own_db:
             database.close()
     if not task.result.verified:
+        t = task.result.trials
+        measured = t["reuse"] + t["storm"] + t["raindrop"]
         raise TuningError(f"{k.name}: no valid, verified schedule was found "
-                          f"({task.result.trials['failed']} of {sum(task.result.trials.values()) - task.result.trials['failed']} candidates failed)")
+                          f"({t['failed']} of {measured} candidates measured by this run failed)")
     return TuneResult(canonical(tgt), time.monotonic() - start, [task.result])
 
 

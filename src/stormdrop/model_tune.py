@@ -1,0 +1,202 @@
+"""Whole models: extract tasks, share the trial budget among them, compile, run, verify.
+
+Tasks are the model's fused kernels (identical workloads tuned once, weighted by
+their occurrences). Ansor's gradient scheduler decides which task gets the next
+batch; each task runs its own storm -> raindrop machine (``TaskTuner``). The
+model is then compiled with the best verified record of every task, run on the
+Relax VM, and checked against ONNX Runtime (ONNX inputs) or the untuned build.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tvm
+import tvm.s_tir.meta_schedule as ms
+from tvm import relax
+from tvm.target import Target
+
+from . import _tvm
+from .database import Database, default_db_path
+from .errors import TuningError
+from .measure import Gateway, MeasureConfig
+from .raindrop import RaindropConfig
+from .scheduler import GradientScheduler, TaskState
+from .storm import StormConfig
+from .target import canonical, parse_target
+from .tune import TaskResult, TaskSession, TaskTuner, verify_best
+from .workloads import Kernel
+from .workloads.models import Model, load_model
+
+log = logging.getLogger("stormdrop")
+
+
+@dataclass
+class ModelResult:
+    target: str
+    model: str
+    tuning_s: float
+    tasks: list[TaskResult]
+    latency_s: dict[str, float | None] = field(default_factory=dict)
+    max_abs_error: float | None = None
+
+    def to_json(self) -> dict:
+        return {"target": self.target, "model": self.model, "tuning_s": round(self.tuning_s, 3),
+                "latency_s": dict(self.latency_s), "tasks": [t.to_json() for t in self.tasks]}
+
+
+def _op_class(task_name: str) -> str:
+    return re.sub(r"\d+$", "", task_name.removeprefix("fused_")) or task_name
+
+
+def extract_tasks(model: Model, target: Target) -> tuple[tvm.IRModule, list[tuple[Kernel, int]]]:
+    """The fused module and its tuning tasks: (kernel, weight), identical workloads merged."""
+    _tvm.load_tensor_intrinsics(target.kind.name)
+    with target:
+        fused = relax.get_pipeline("zero")(model.mod)
+    tasks = ms.relax_integration.extract_tasks(fused, target)
+    out = []
+    for t in tasks:
+        mod = t.dispatched[0]
+        from tvm.s_tir.analysis import estimate_tir_flops
+
+        try:
+            flops = int(estimate_tir_flops(mod))
+        except Exception:  # noqa: BLE001
+            flops = 0
+        out.append((Kernel(t.task_name, f"{model.name}:{t.task_name}", _op_class(t.task_name), mod, flops),
+                    int(t.weight)))
+    return fused, out
+
+
+def random_inputs(model: Model, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, (shape, dtype) in model.inputs.items():
+        if dtype.startswith(("int", "uint")):
+            out[name] = rng.integers(0, 2, size=shape).astype(dtype)
+        else:
+            out[name] = rng.standard_normal(shape).astype(dtype)
+    return out
+
+
+def tune_model(spec: Any, *, target: Any = None, trials: int = 1000, trials_per_task: int = 128,
+               time_budget: float | None = None, db: Any = None, seed: int = 0, pvalue: float = 0.05,
+               output: str | None = None, measure: MeasureConfig | None = None,
+               storm: StormConfig | None = None, input_shapes: dict | None = None, batch: int = 1,
+               resolution: int | None = None, seq_len: int | None = None, progress: bool = False) -> ModelResult:
+    """Tune every task of a model under a global trial and time budget, then compile and verify."""
+    start = time.monotonic()
+    tgt = parse_target(target)
+    model = spec if isinstance(spec, Model) else load_model(
+        spec, input_shapes=input_shapes, batch=batch, resolution=resolution, seq_len=seq_len, seed=seed)
+    deadline = start + time_budget if time_budget else float("inf")
+    fused, tasks = extract_tasks(model, tgt)
+    storm_per_task = max(1, trials_per_task // 2)
+    own_db = not isinstance(db, Database)
+    database = Database(db or default_db_path()) if own_db else db
+    try:
+        with Gateway(tgt, measure) as gateway:
+            sessions = [TaskSession(database, gateway, k, tgt, seed) for k, _ in tasks]
+            tuners = [TaskTuner(s, trials=storm_per_task, exploit_trials=trials_per_task - storm_per_task,
+                                storm=storm, raindrop=RaindropConfig(pvalue=pvalue)) for s in sessions]
+            states = [TaskState(w, max(k.flops, 1), k.op_class) for k, w in tasks]
+            sched = GradientScheduler(states, seed=seed)
+            used = 0
+            while used < trials and time.monotonic() < deadline:
+                i = sched.next_task()
+                if i is None:
+                    break
+                before = _measured(sessions[i])
+                tuners[i].step()
+                used += _measured(sessions[i]) - before
+                sched.tell(i, sessions[i].best, finished=tuners[i].done)
+                if progress:
+                    log.warning("[%4d/%d] %-40s %s", used, trials, sessions[i].kernel.name[:40],
+                                sessions[i]._postfix(tuners[i].phase))
+            for t, s in zip(tuners, sessions):
+                t.finish()
+                verify_best(s)
+                s.result.tuning_s = time.monotonic() - start
+                s.result.weight = next(w for k, w in tasks if k is s.kernel)
+            result = ModelResult(canonical(tgt), model.name, time.monotonic() - start,
+                                 [s.result for s in sessions])
+            _compile_and_verify(result, model, fused, sessions, tgt, output, seed)
+    finally:
+        if own_db:
+            database.close()
+    return result
+
+
+def _measured(session: TaskSession) -> int:
+    t = session.result.trials
+    return t["reuse"] + t["storm"] + t["raindrop"]
+
+
+def _ms_database(sessions: list[TaskSession], target: Target) -> ms.database.MemoryDatabase:
+    """A MetaSchedule database holding the best verified record of each task."""
+    mdb = ms.database.MemoryDatabase()
+    for s in sessions:
+        if not s.result.verified or not s.result.trace_json:
+            continue
+        wl = mdb.commit_workload(s.kernel.mod)
+        sch = _tvm.schedule_from_trace_json(s.kernel.mod, s.result.trace_json)
+        mdb.commit_tuning_record(ms.database.TuningRecord(
+            sch.trace, wl, [s.result.latency_s], target, ms.arg_info.ArgInfo.from_prim_func(s.kernel.mod["main"])))
+    return mdb
+
+
+def compile_model(fused: tvm.IRModule, mdb: Any, target: Target) -> Any:
+    with target, mdb, tvm.transform.PassContext(opt_level=3):
+        applied = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(fused)
+    return tvm.compile(applied, target=target)
+
+
+def run_model(ex: Any, inputs: dict[str, np.ndarray], target: Target, *, time_it: bool = True
+              ) -> tuple[list[np.ndarray], float | None]:
+    dev = tvm.cuda(0) if target.kind.name == "cuda" else tvm.cpu(0)
+    vm = relax.VirtualMachine(ex, dev)
+    args = [tvm.runtime.tensor(v, dev) for v in inputs.values()]
+    out = vm["main"](*args)
+    outs = [o.numpy() for o in out] if isinstance(out, (list, tuple)) or type(out).__name__ == "Array" else [
+        out.numpy()]
+    latency = None
+    if time_it:
+        vm.set_input("main", *args)
+        timer = vm.time_evaluator("invoke_stateful", dev, number=1, repeat=5, min_repeat_ms=100)
+        latency = float(np.median(timer("main").results))
+    return outs, latency
+
+
+def _compile_and_verify(result: ModelResult, model: Model, fused: tvm.IRModule, sessions: list[TaskSession],
+                        target: Target, output: str | None, seed: int) -> None:
+    inputs = random_inputs(model, seed)
+    untuned_outs, result.latency_s["untuned"] = run_model(tvm.compile(model.mod, target=target), inputs, target)
+    ex = compile_model(fused, _ms_database(sessions, target), target)
+    outs, result.latency_s["tuned"] = run_model(ex, inputs, target)
+    if model.onnx_model is not None:
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(model.onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
+        ref = sess.run(None, inputs)
+        t0 = time.perf_counter()
+        n = 0
+        while time.perf_counter() - t0 < 0.5 or n < 3:
+            sess.run(None, inputs)
+            n += 1
+        result.latency_s["onnxruntime"] = (time.perf_counter() - t0) / n
+    else:
+        ref = untuned_outs
+        result.latency_s["onnxruntime"] = None
+    err = max(float(np.max(np.abs(o - r))) for o, r in zip(outs, ref))
+    scale = max(1.0, max(float(np.max(np.abs(r))) for r in ref))
+    result.max_abs_error = err
+    if not err <= 1e-3 * scale:
+        raise TuningError(f"{model.name}: the tuned model's output differs from the reference (max |diff| {err:.3g})")
+    if output:
+        ex.export_library(output)

@@ -1,0 +1,91 @@
+"""Task scheduler: which task of a model gets the next batch (Ansor's gradient scheduler).
+
+Objective: sum_i w_i * g_i, g_i the best latency of task i. After a warm-up
+round-robin pass, the task with the most negative estimated gradient
+
+    grad_i = w_i * (alpha * backward_i + (1 - alpha) * forward_i)
+    backward_i = (g_i(t) - g_i(t - window)) / window
+    forward_i  = min(g_i - g_i / t_i, beta * flops_i / best_similar_throughput) - g_i
+
+gets the next batch (t_i: rounds given to task i; similar tasks share the op
+class and log_1.618 of their FLOPs). Tasks that are finished or have no valid
+schedule yet after their warm-up (dead) are skipped. The scheduler proposes a
+task index and is told the task's best latency after each round.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TaskState:
+    weight: float
+    flops: float
+    op_class: str
+    history: list[float] = field(default_factory=list)  # best latency after each round (inf: none yet)
+    finished: bool = False
+
+    @property
+    def rounds(self) -> int:
+        return len(self.history)
+
+    @property
+    def best(self) -> float:
+        return self.history[-1] if self.history else math.inf
+
+    @property
+    def similarity_key(self) -> tuple[str, int]:
+        return self.op_class, int(math.log(max(self.flops, 1.0), 1.618))
+
+
+class GradientScheduler:
+    """Ansor's gradient-based task scheduler (alpha 0.2, beta 2, backward window 3)."""
+
+    def __init__(self, tasks: list[TaskState], *, alpha: float = 0.2, beta: float = 2.0, window: int = 3,
+                 eps: float = 0.0, seed: int = 0) -> None:
+        self.tasks = tasks
+        self.alpha, self.beta, self.window, self.eps = alpha, beta, window, eps
+        self.rng = random.Random(seed)
+
+    def live(self) -> list[int]:
+        return [i for i, t in enumerate(self.tasks) if not t.finished]
+
+    def next_task(self) -> int | None:
+        """The index of the task to tune next, or None when every task is finished."""
+        live = self.live()
+        if not live:
+            return None
+        for i in live:  # warm-up: one round each
+            if self.tasks[i].rounds == 0:
+                return i
+        alive = [i for i in live if math.isfinite(self.tasks[i].best)]
+        if not alive:  # nothing valid anywhere yet: keep going round robin
+            return min(live, key=lambda i: self.tasks[i].rounds)
+        if self.eps and self.rng.random() < self.eps:
+            return self.rng.choice(alive)
+        return min(alive, key=self.gradient)
+
+    def gradient(self, i: int) -> float:
+        t = self.tasks[i]
+        g, rounds = t.best, t.rounds
+        if rounds > self.window and math.isfinite(t.history[-1 - self.window]):
+            backward = (g - t.history[-1 - self.window]) / self.window
+        else:
+            backward = 0.0
+        best_tput = max((s.flops / s.best for s in self.tasks
+                         if s.similarity_key == t.similarity_key and math.isfinite(s.best) and s.best > 0),
+                        default=0.0)
+        g_next = g - g / max(rounds, 1)
+        if best_tput > 0:
+            g_next = min(g_next, self.beta * t.flops / best_tput)
+        forward = g_next - g
+        return t.weight * (self.alpha * backward + (1 - self.alpha) * forward)
+
+    def tell(self, i: int, best_latency: float, finished: bool = False) -> None:
+        """Task ``i`` had a round; its best latency is now ``best_latency`` (inf if none)."""
+        t = self.tasks[i]
+        t.history.append(min(best_latency, t.best))
+        t.finished = t.finished or finished

@@ -1,0 +1,67 @@
+"""The measurement gateway: typed failures, never the end of the run."""
+
+from __future__ import annotations
+
+import pytest
+import tvm
+from tvm import te
+
+from stormdrop.measure import Gateway, MeasureConfig
+from stormdrop.records import ErrorKind
+from stormdrop.target import host_target
+from stormdrop.workloads import parse_kernel
+
+KEY = "mm"
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    return parse_kernel("matmul:M=128,N=128,K=128")
+
+
+@pytest.fixture(scope="module")
+def gateway(kernel):
+    with Gateway(host_target(), MeasureConfig(repeat=3, min_repeat_ms=1)) as gw:
+        gw.prepare(KEY, kernel.mod)
+        yield gw
+
+
+def _variant(fn):
+    n = 128
+    A, B = te.placeholder((n, n), name="A"), te.placeholder((n, n), name="B")
+    return tvm.IRModule({"main": te.create_prim_func([A, B, fn(A, B, n)])})
+
+
+def test_the_untuned_kernel_measures_with_repeated_samples(gateway, kernel):
+    (r,) = gateway.measure(KEY, [kernel.mod])
+    assert r.ok and len(r.run_secs) == 3 and all(t > 0 for t in r.run_secs)
+
+
+def test_a_wrong_result_is_a_typed_failure(gateway):
+    wrong = _variant(lambda A, B, n: te.compute((n, n), lambda i, j: A[i, j] * B[i, j], name="C"))
+    (r,) = gateway.measure(KEY, [wrong])
+    assert r.error is ErrorKind.WRONG_RESULT and "differ" in r.error_msg and r.run_secs is None
+
+
+def test_a_kernel_that_cannot_load_is_a_typed_failure(gateway):
+    bad = _variant(lambda A, B, n: te.compute(
+        (n, n), lambda i, j: tvm.tirx.call_extern("float32", "stormdrop_no_such_symbol", A[i, j]), name="C"))
+    (r,) = gateway.measure(KEY, [bad])
+    assert r.error in (ErrorKind.BUILD_ERROR, ErrorKind.RUN_ERROR)
+
+
+def test_a_hang_times_out_and_the_next_candidate_still_runs(kernel):
+    with Gateway(host_target(), MeasureConfig(repeat=3, min_repeat_ms=2000, run_timeout_s=1.0)) as gw:
+        gw.prepare(KEY, kernel.mod)
+        (slow,) = gw.measure(KEY, [kernel.mod])  # 3 x 2 s of timing > 1 s: killed
+        assert slow.error is ErrorKind.RUN_TIMEOUT
+        gw.config = MeasureConfig(repeat=2, min_repeat_ms=1)
+        (fine,) = gw.measure(KEY, [kernel.mod])  # a fresh runner, references rebuilt
+        assert fine.ok
+
+
+def test_a_dead_runner_is_restarted(gateway, kernel):
+    gateway._runner.proc.kill()
+    gateway._runner.proc.wait()
+    results = gateway.measure(KEY, [kernel.mod, kernel.mod])
+    assert results[1].ok  # whatever happened to the first, the run goes on

@@ -1,0 +1,59 @@
+"""The gradient task scheduler on synthetic tasks (no TVM)."""
+
+from __future__ import annotations
+
+import math
+
+from stormdrop.scheduler import GradientScheduler, TaskState
+
+
+def simulate(tasks, improve, rounds):
+    sched = GradientScheduler(tasks)
+    order = []
+    for _ in range(rounds):
+        i = sched.next_task()
+        if i is None:
+            break
+        order.append(i)
+        sched.tell(i, improve(i, tasks[i]))
+    return sched, order
+
+
+def test_warm_up_visits_every_task_once_first():
+    tasks = [TaskState(1, 1e6, "conv2d") for _ in range(4)]
+    _, order = simulate(tasks, lambda i, t: 1e-3, 4)
+    assert sorted(order) == [0, 1, 2, 3]
+
+
+def test_weight_and_latency_attract_rounds():
+    # task 0 dominates the model latency (weight 10, slow), task 1 is cheap and done
+    tasks = [TaskState(10, 1e9, "conv2d"), TaskState(1, 1e6, "dense")]
+
+    def improve(i, t):
+        base = 1e-2 if i == 0 else 1e-5
+        return base / (1 + 0.5 * t.rounds)  # keeps improving with more rounds
+
+    _, order = simulate(tasks, improve, 20)
+    assert order.count(0) > 3 * order.count(1)
+
+
+def test_finished_and_dead_tasks_are_skipped():
+    tasks = [TaskState(1, 1e6, "a"), TaskState(1, 1e6, "b"), TaskState(1, 1e6, "c")]
+    sched = GradientScheduler(tasks)
+    for _ in range(3):
+        i = sched.next_task()
+        sched.tell(i, math.inf if i == 2 else 1e-3, finished=(i == 1))
+    picks = {sched.next_task() for _ in range(5)}
+    assert picks == {0}  # 1 is finished, 2 has no valid schedule
+    sched.tell(0, 1e-3, finished=True)
+    assert sched.next_task() == 2  # only the dead task is left: it keeps being tried
+    sched.tell(2, 1e-3, finished=True)
+    assert sched.next_task() is None
+
+
+def test_history_is_monotone():
+    t = TaskState(1, 1e6, "a")
+    sched = GradientScheduler([t])
+    for lat in (3e-3, 2e-3, 5e-3, math.inf, 1e-3):
+        sched.tell(0, lat)
+    assert t.history == [3e-3, 2e-3, 2e-3, 2e-3, 1e-3]
