@@ -77,7 +77,7 @@ def test_zoo_model_matches_under_tvm(name):
     x = _input_for(model)
     ref = _run_ort(model, x)
     mod = from_onnx(model, keep_params_in_input=False)
-    ex = tvm.compile(mod, target={"kind": "llvm"})
+    ex = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}))
     dev = tvm.cpu()
     out = relax.VirtualMachine(ex, dev)["main"](tvm.runtime.tensor(x, dev))
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-3, atol=1e-3)

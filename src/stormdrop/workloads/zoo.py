@@ -331,7 +331,10 @@ def mnasnet1_0(batch: int, res: int, seed: int) -> onnx.ModelProto:
 
 def efficientnet_b0(batch: int, res: int, seed: int) -> onnx.ModelProto:
     g, x = _image_input("efficientnet_b0", batch, res, seed)
-    x = g.conv_act(x, 32, 3, 2, act="silu")
+    # SiLU keeps less of its input's energy than ReLU; a He gain of 1.25 on the SiLU convs keeps
+    # the random logits O(1) at 224 (the SE gates and SiLU make this network gain-sensitive)
+    silu_gain = 1.25
+    x = g.conv_act(x, 32, 3, 2, act="silu", gain=silu_gain)
     # (expand, kernel, stride, out, layers); stochastic depth is the identity in eval mode
     for t, k, s, out, n in ((1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2),
                             (6, 3, 2, 80, 3), (6, 5, 1, 112, 3), (6, 5, 2, 192, 4),
@@ -341,12 +344,12 @@ def efficientnet_b0(batch: int, res: int, seed: int) -> onnx.ModelProto:
             inp = g.channels(x)
             mid = inp * t  # already a multiple of 8 for B0
             residual = stride == 1 and inp == out
-            h = x if mid == inp else g.conv_act(x, mid, 1, act="silu")
-            h = g.conv_act(h, mid, k, stride, groups=mid, act="silu")
+            h = x if mid == inp else g.conv_act(x, mid, 1, act="silu", gain=silu_gain)
+            h = g.conv_act(h, mid, k, stride, groups=mid, act="silu", gain=silu_gain)
             h = g.squeeze_excite(h, max(1, inp // 4), act="silu")
             h = g.conv_act(h, out, 1, act=None, gain=RESIDUAL_GAIN if residual else 1.0)
             x = g.add(h, x) if residual else h
-    x = g.conv_act(x, 1280, 1, act="silu")
+    x = g.conv_act(x, 1280, 1, act="silu", gain=silu_gain)
     return _classifier(g, x)
 
 
