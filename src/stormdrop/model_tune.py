@@ -118,7 +118,7 @@ def tune_model(spec: Any, *, target: Any = None, trials: int = 1000, trials_per_
                 sched.tell(i, sessions[i].best, finished=tuners[i].done)
                 if progress:
                     log.warning("[%4d/%d] %-40s %s", used, trials, sessions[i].kernel.name[:40],
-                                sessions[i]._postfix(tuners[i].phase))
+                                sessions[i].status(tuners[i].phase))
             for t, s in zip(tuners, sessions):
                 t.finish()
                 verify_best(s)

@@ -116,10 +116,10 @@ class TaskSession:
                 self.result.history.append((time.monotonic() - self.started, r.mean))
             if self.progress is not None:
                 self.progress.update(1)
-                self.progress.set_postfix_str(self._postfix(c.phase))
+                self.progress.set_postfix_str(self.status(c.phase))
         return results  # type: ignore[return-value]
 
-    def _postfix(self, phase: Phase) -> str:
+    def status(self, phase: Phase) -> str:
         if self.best == float("inf"):
             return phase.value
         return f"{phase.value} best {self.best * 1e6:.1f} us {self.kernel.flops / self.best / 1e9:.1f} GFLOPS"

@@ -1,0 +1,94 @@
+"""Whole models: a tiny ONNX network tuned, compiled, run and matched against ONNX Runtime."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from stormdrop.errors import SpecError
+from stormdrop.model_tune import tune_model
+from stormdrop.workloads.models import load_model, parse_input_shapes
+
+
+def tiny_net(path, op="Relu"):
+    """conv(3->8, 3x3) + bias -> relu -> conv(8->8, 3x3) -> relu -> flatten -> dense(8*8*8 -> 10)."""
+    rng = np.random.default_rng(0)
+    inits = {"w1": rng.standard_normal((8, 3, 3, 3)) * 0.3, "b1": rng.standard_normal(8) * 0.1,
+             "w2": rng.standard_normal((8, 8, 3, 3)) * 0.2, "w3": rng.standard_normal((512, 10)) * 0.05}
+    nodes = [helper.make_node("Conv", ["input", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
+             helper.make_node(op, ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("Flatten", ["r2"], ["f"], axis=1),
+             helper.make_node("MatMul", ["f", "w3"], ["output"])]
+    graph = helper.make_graph(
+        nodes, "tiny", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 8, 8])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 10])],
+        initializer=[numpy_helper.from_array(v.astype("float32"), k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_tiny_onnx_network_tuned_compiled_and_matched(tmp_path):
+    path = tiny_net(str(tmp_path / "tiny.onnx"))
+    out = tmp_path / "tiny.so"
+    result = tune_model(path, trials=24, trials_per_task=4, db=tmp_path / "m.db", output=str(out), seed=0)
+    assert result.model == "tiny"
+    assert len(result.tasks) >= 3  # two convolutions (with their epilogues) and the dense layer, at least
+    assert all(t.verified for t in result.tasks)
+    assert sum(t.trials["storm"] + t.trials["raindrop"] for t in result.tasks) <= 24 + 4  # one batch may overrun
+    lat = result.latency_s
+    assert lat["tuned"] > 0 and lat["untuned"] > 0 and lat["onnxruntime"] > 0
+    assert result.max_abs_error is not None and result.max_abs_error < 1e-3
+    assert out.exists() and out.stat().st_size > 0
+    doc = result.to_json()
+    assert set(doc["latency_s"]) == {"untuned", "tuned", "onnxruntime"}
+
+
+def test_input_shape_override_and_batch(tmp_path):
+    path = tiny_net(str(tmp_path / "tiny.onnx"))
+    assert load_model(path, batch=2).inputs["input"][0] == (2, 3, 8, 8)
+    assert load_model(path, input_shapes=parse_input_shapes(["input:3x3x8x8"])).inputs["input"][0] == (3, 3, 8, 8)
+    with pytest.raises(SpecError, match="no input"):
+        load_model(path, input_shapes={"nope": (1,)})
+    with pytest.raises(SpecError, match="NAME:1x3x224x224"):
+        parse_input_shapes(["input=1x3"])
+
+
+@pytest.mark.parametrize("case", ["unsupported", "corrupt", "missing"])
+def test_bad_models_give_one_error_line_and_exit_2(tmp_path, case):
+    if case == "unsupported":
+        path = tiny_net(str(tmp_path / "bad.onnx"))
+        model = onnx.load(path)
+        model.graph.node[1].op_type = "StormdropNoSuchOp"
+        model.graph.node[1].domain = ""
+        onnx.save(model, path)
+    elif case == "corrupt":
+        path = str(tmp_path / "corrupt.onnx")
+        with open(path, "wb") as f:
+            f.write(b"\x08\x07garbage" * 50)
+    else:
+        path = str(tmp_path / "missing.onnx")
+    r = subprocess.run([sys.executable, "-m", "stormdrop", "tune", "--model", path, "--trials", "2",
+                        "--db", str(tmp_path / "x.db")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stormdrop: error:"), r.stderr
+    assert {"unsupported": "StormdropNoSuchOp", "corrupt": "not a valid ONNX", "missing": "no such file"}[case] in lines[0]
+
+
+def test_zoo_cli_lists_and_exports(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "stormdrop", "zoo", "list"], capture_output=True, text=True)
+    assert r.returncode == 0 and "resnet18" in r.stdout.split() and "bert_base" in r.stdout.split()
+    out = tmp_path / "r.onnx"
+    r = subprocess.run([sys.executable, "-m", "stormdrop", "zoo", "export", "mobilenet_v2", str(out),
+                        "--resolution", "32"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert load_model(str(out)).inputs["input"][0] == (1, 3, 32, 32)
