@@ -27,52 +27,17 @@ import tvm
 import tvm.s_tir.meta_schedule as ms
 import tvm_ffi
 
-from .errors import DatabaseError
-from .records import ErrorKind, MeasureResult, Phase, Record
-from .target import canonical, from_canonical
-
-SCHEMA_VERSION = 1
-
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (
-    key   TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS workloads (
-    workload_id INTEGER PRIMARY KEY AUTOINCREMENT,
-    name        TEXT    NOT NULL,
-    op_class    TEXT    NOT NULL,
-    flops       INTEGER NOT NULL,
-    shash       TEXT    NOT NULL,
-    mod_json    TEXT    NOT NULL
-);
-CREATE INDEX IF NOT EXISTS workloads_shash ON workloads (shash);
-CREATE TABLE IF NOT EXISTS records (
-    record_id      INTEGER PRIMARY KEY AUTOINCREMENT,
-    workload_id    INTEGER NOT NULL REFERENCES workloads (workload_id),
-    target         TEXT    NOT NULL,
-    candidate_key  TEXT    NOT NULL,
-    trace_json     TEXT    NOT NULL,
-    args_info_json TEXT    NOT NULL,
-    run_secs       TEXT,
-    mean_secs      REAL,
-    error          TEXT,
-    error_msg      TEXT    NOT NULL,
-    phase          TEXT    NOT NULL,
-    measured_at    REAL    NOT NULL,
-    versions       TEXT    NOT NULL,
-    UNIQUE (workload_id, target, candidate_key)
-);
-CREATE INDEX IF NOT EXISTS records_wl_target_mean ON records (workload_id, target, mean_secs);
-"""
-
-_RECORD_COLS = (
-    "record_id, workload_id, target, candidate_key, trace_json, args_info_json, "
-    "run_secs, error, error_msg, phase, measured_at, versions"
+from ._schema import (
+    RECORD_COLS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    SQLITE_MAGIC,
+    WORKLOAD_COLS,
+    record_from_row,
 )
-_WORKLOAD_COLS = "workload_id, name, op_class, flops, shash, mod_json"
+from .errors import DatabaseError
+from .records import ErrorKind, Phase, Record
+from .target import canonical, from_canonical
 
 
 def _one_line(exc: BaseException | str) -> str:
@@ -137,11 +102,11 @@ class Database:
         if not fresh:
             try:
                 with open(p, "rb") as f:
-                    header = f.read(len(_SQLITE_MAGIC))
+                    header = f.read(len(SQLITE_MAGIC))
             except OSError as e:
                 raise DatabaseError(f"cannot read database {self.path}: {_one_line(e)}") from None
             fresh = header == b""
-            if not fresh and header != _SQLITE_MAGIC:
+            if not fresh and header != SQLITE_MAGIC:
                 raise DatabaseError(f"not an SQLite database: {self.path}")
             if not fresh:
                 fresh = self._check_existing(p)
@@ -162,7 +127,7 @@ class Database:
             conn.execute("PRAGMA foreign_keys=ON")
             if fresh:
                 conn.execute("BEGIN IMMEDIATE")
-                for stmt in _SCHEMA.split(";"):
+                for stmt in SCHEMA.split(";"):
                     if stmt.strip():
                         conn.execute(stmt)
                 conn.execute(
@@ -282,7 +247,7 @@ class Database:
         mod = _as_module(mod)
         shash = ms.utils.shash2hex(mod)
         rows = self._query(
-            f"SELECT {_WORKLOAD_COLS} FROM workloads WHERE shash=? ORDER BY workload_id", (shash,)
+            f"SELECT {WORKLOAD_COLS} FROM workloads WHERE shash=? ORDER BY workload_id", (shash,)
         )
         for row in rows:
             entry = self._entry(row)
@@ -314,13 +279,13 @@ class Database:
 
     def workloads(self) -> list[WorkloadEntry]:
         """All workloads, in insertion order."""
-        rows = self._query(f"SELECT {_WORKLOAD_COLS} FROM workloads ORDER BY workload_id")
+        rows = self._query(f"SELECT {WORKLOAD_COLS} FROM workloads ORDER BY workload_id")
         return [self._entry(r) for r in rows]
 
     def workload(self, workload_id: int) -> WorkloadEntry:
         """The workload with this id (DatabaseError if unknown)."""
         rows = self._query(
-            f"SELECT {_WORKLOAD_COLS} FROM workloads WHERE workload_id=?", (int(workload_id),)
+            f"SELECT {WORKLOAD_COLS} FROM workloads WHERE workload_id=?", (int(workload_id),)
         )
         if not rows:
             raise DatabaseError(f"no workload with id {workload_id} in {self.path}")
@@ -374,36 +339,36 @@ class Database:
     def lookup(self, workload_id: int, target: str, candidate_key: str) -> Record | None:
         """The record of this candidate, or None if it was never measured."""
         rows = self._query(
-            f"SELECT {_RECORD_COLS} FROM records"
+            f"SELECT {RECORD_COLS} FROM records"
             " WHERE workload_id=? AND target=? AND candidate_key=?",
             (int(workload_id), target, candidate_key),
         )
-        return _record(rows[0]) if rows else None
+        return record_from_row(rows[0]) if rows else None
 
     def records(self, workload_id: int, target: str | None = None) -> list[Record]:
         """All records of a workload (optionally one target), in measurement order."""
         if target is None:
             rows = self._query(
-                f"SELECT {_RECORD_COLS} FROM records WHERE workload_id=? ORDER BY record_id",
+                f"SELECT {RECORD_COLS} FROM records WHERE workload_id=? ORDER BY record_id",
                 (int(workload_id),),
             )
         else:
             rows = self._query(
-                f"SELECT {_RECORD_COLS} FROM records WHERE workload_id=? AND target=?"
+                f"SELECT {RECORD_COLS} FROM records WHERE workload_id=? AND target=?"
                 " ORDER BY record_id",
                 (int(workload_id), target),
             )
-        return [_record(r) for r in rows]
+        return [record_from_row(r) for r in rows]
 
     def best(self, workload_id: int, target: str, k: int = 1) -> list[Record]:
         """The ``k`` valid records with the lowest mean time (failures never count)."""
         rows = self._query(
-            f"SELECT {_RECORD_COLS} FROM records WHERE workload_id=? AND target=?"
+            f"SELECT {RECORD_COLS} FROM records WHERE workload_id=? AND target=?"
             " AND error IS NULL AND mean_secs IS NOT NULL"
             " ORDER BY mean_secs, record_id LIMIT ?",
             (int(workload_id), target, int(k)),
         )
-        return [_record(r) for r in rows]
+        return [record_from_row(r) for r in rows]
 
     def targets(self, workload_id: int) -> list[str]:
         """The targets this workload has records for, in order of first measurement."""
@@ -428,26 +393,6 @@ def _as_module(mod: Any) -> tvm.IRModule:
     if isinstance(mod, tvm.tirx.PrimFunc):
         return tvm.IRModule({"main": mod})
     raise TypeError(f"expected an IRModule, got {type(mod).__name__}")
-
-
-def _record(row: tuple) -> Record:
-    (rid, wid, target, key, trace_json, args_json, run_secs, error, error_msg, phase, at, ver) = row
-    if error is None:
-        result = MeasureResult(run_secs=tuple(float(x) for x in json.loads(run_secs or "[]")))
-    else:
-        result = MeasureResult(run_secs=None, error=ErrorKind(error), error_msg=error_msg or "")
-    return Record(
-        workload_id=int(wid),
-        target=target,
-        candidate_key=key,
-        trace_json=trace_json,
-        args_info_json=args_json,
-        result=result,
-        phase=Phase(phase),
-        measured_at=float(at),
-        versions=ver,
-        record_id=int(rid),
-    )
 
 
 def export_metaschedule(db: Database, out_dir: str, *, target: str | None = None) -> int:
