@@ -29,6 +29,10 @@ KERNELS = {  # short name -> stormdrop spec (batch 1)
     "bert_qkv": "dense:M=128,N=768,K=768",  # BERT-base attention projection, seq 128
     "bert_ffn1": "dense:M=128,N=3072,K=768",  # BERT-base FFN up-projection, seq 128
     "mm512": "matmul:M=512,N=512,K=512",
+    "r18_c4": "conv2d:N=1,C=256,H=14,W=14,K=256,R=3,S=3,stride=1,pad=1",  # ResNet-18 conv4_x 3x3
+    "r50_c3_1x1": "conv2d:N=1,C=512,H=28,W=28,K=128,R=1,S=1,stride=1,pad=0",  # ResNet-50 conv3_x 1x1 reduce
+    "bert_ffn2": "dense:M=128,N=768,K=3072",  # BERT-base FFN down-projection, seq 128
+    "mbv2_dw_s2": "depthwise_conv2d:N=1,C=96,H=112,W=112,R=3,S=3,stride=2,pad=1",  # MobileNetV2 block 2 dw, stride 2
 }
 TUNERS = ("stormdrop", "ms_same", "ms_3x", "ms_postopt")
 HEADER = ["kernel", "stormdrop latency (us)", "GFLOPS", "tuning s", "trials",

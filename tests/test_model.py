@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -50,6 +51,30 @@ def test_tiny_onnx_network_tuned_compiled_and_matched(tmp_path):
     assert out.exists() and out.stat().st_size > 0
     doc = result.to_json()
     assert set(doc["latency_s"]) == {"untuned", "tuned", "onnxruntime"}
+
+    # `stormdrop bench --model` compiles from the same database: every task tuned, output checked.
+    js = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, "-m", "stormdrop", "bench", "--model", path, "--db", str(tmp_path / "m.db"),
+                        "--json", str(js)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    bench = json.loads(js.read_text())
+    assert len(bench["tasks"]) == len(result.tasks)
+    assert all(t["latency_s"] is not None and t["trials"] > 0 for t in bench["tasks"])
+    assert bench["latency_s"]["tuned"] > 0 and bench["latency_s"]["onnxruntime"] > 0
+    assert bench["max_abs_error"] < 1e-3
+    assert f"{len(result.tasks)}/{len(result.tasks)} tasks tuned" in r.stdout
+
+
+def test_bench_without_records_is_one_error_line(tmp_path):
+    path = tiny_net(str(tmp_path / "tiny.onnx"))
+    from stormdrop.database import Database
+
+    Database(tmp_path / "empty.db").close()
+    r = subprocess.run([sys.executable, "-m", "stormdrop", "bench", "--model", path, "--db", str(tmp_path / "empty.db")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no record" in lines[0], r.stderr
 
 
 def test_input_shape_override_and_batch(tmp_path):

@@ -36,6 +36,15 @@ def _rows(db_path):
         return con.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall()
 
 
+
+def test_kernel_with_packed_weights_is_measured_and_verified(tmp_path):
+    """TOPI's NHWC conv marks its weight layout-free: MetaSchedule's RewriteLayout packs it, so the
+    timed library takes packed weights; the check still runs on the original inputs."""
+    spec = "conv2d:N=1,C=16,H=8,W=8,K=32,R=1,S=1,stride=1,pad=0,layout=NHWC"
+    task = tune_kernel(spec, trials=8, exploit_trials=0, db=tmp_path / "nhwc.db", seed=0).tasks[0]
+    assert task.verified
+    assert task.trials["failed"] <= 2, task.trials  # was: every candidate a run error (packed shapes)
+
 def test_tiny_kernel_end_to_end_is_verified_and_resumes(tmp_path):
     db = tmp_path / "t.db"
     result = tune_kernel(SPEC, trials=8, exploit_trials=8, db=db, seed=1)

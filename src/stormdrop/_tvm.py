@@ -6,6 +6,9 @@
   register only the x86/ARM intrinsics the LLVM backend can use, by putting a
   package object in ``sys.modules`` whose ``__init__`` has not run
   (``load_tensor_intrinsics``). For CUDA the real package is imported.
+- TVM's CPU runtime starts ``hardware_concurrency / 2`` threads on x86 (one on
+  a 2-core machine), whatever the target's ``num-cores`` says; the count is read
+  from ``TVM_NUM_THREADS`` when the thread pool starts (``runtime_threads_env``).
 - ``Trace.as_json`` holds ``IntImm``/``FloatImm`` that ``json.dumps`` cannot
   serialize, and ``tvm.ir.load_json`` of a saved Trace segfaults when replayed:
   traces travel as plain JSON (``trace_to_json`` / ``schedule_from_trace_json``).
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 import types
 from typing import Any
@@ -48,6 +52,17 @@ def load_tensor_intrinsics(target_kind: str) -> None:
     except Exception:  # pragma: no cover - fall back to the full import
         del sys.modules[_INTRIN_PKG]
         import tvm.s_tir.tensor_intrin  # noqa: F401
+
+
+def runtime_threads_env(num_cores: int, env: dict | None = None) -> dict:
+    """Set ``TVM_NUM_THREADS`` to ``num_cores`` in ``env`` (default: this process) unless the user set it.
+
+    Must happen before the first parallel kernel of the process runs.
+    """
+    env = os.environ if env is None else env
+    if "TVM_NUM_THREADS" not in env and num_cores > 0:
+        env["TVM_NUM_THREADS"] = str(num_cores)
+    return env
 
 
 def to_py(obj: Any) -> Any:

@@ -46,15 +46,31 @@ def serve(conn: Any, role: str, target_json: str, rpc: dict | None) -> None:
             conn.send(("error", msg[-3000:] or traceback.format_exc()[-3000:]))
 
 
-def _build(target: Any, mod_json: str, out_path: str) -> str:
+def _build(target: Any, mod_json: str, out_path: str) -> dict:
+    """Build a candidate; returns ``{"timed": path, "check": path | None, "args": [[shape, dtype]...]}``.
+
+    MetaSchedule's ``RewriteLayout`` postprocessor packs weights marked
+    ``layout_free_placeholders`` (e.g. TOPI's NHWC convolution) through a
+    preprocessing block. As in MetaSchedule's builder, the timed library has it
+    removed: it takes the weights already packed (their shapes in ``args``),
+    the way a compiled model holds them. Its outputs cannot be compared with the
+    reference on the original inputs, so a second library that keeps the block
+    (takes the weights as given) is built for the correctness check.
+    """
     import tvm
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
     mod = tvm.ir.load_json(mod_json)
-    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    rt_mod = tvm.build(mod, target=target)
-    rt_mod.export_library(out_path)
-    return out_path
+    timed = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    before = [(tuple(int(x) for x in a.shape), str(a.dtype)) for a in ArgInfo.from_prim_func(mod["main"])]
+    after = [(tuple(int(x) for x in a.shape), str(a.dtype)) for a in ArgInfo.from_prim_func(timed["main"])]
+    tvm.build(timed, target=target).export_library(out_path)
+    check = None
+    if before != after:
+        check = out_path[:-3] + "_check.so"
+        tvm.build(mod, target=target).export_library(check)
+    return {"timed": out_path, "check": check, "args": [[list(s), d] for s, d in after]}
 
 
 class _RunnerState:
@@ -112,20 +128,38 @@ class _RunnerState:
         self.expected[key] = results
         return [[len(arrays)], self.outputs[key]]
 
-    def run(self, key: str, artifact: str, number: int, repeat: int, min_repeat_ms: float,
-            cache_flush: bool, check: bool) -> dict:
-        import numpy as np
+    def _load(self, artifact: str) -> Any:
         import tvm
 
         if self.session is not None:
             self.session.upload(artifact)
-            rt_mod = self.session.load_module(os.path.basename(artifact))
-        else:
-            rt_mod = tvm.runtime.load_module(artifact)
-        args = [tvm.runtime.tensor(a, self.dev) for a in self.inputs[key]]
+            return self.session.load_module(os.path.basename(artifact))
+        return tvm.runtime.load_module(artifact)
+
+    def _timing_args(self, key: str, shapes: list) -> list[Any]:
+        """The reference inputs, except packed weights (other shapes): random arrays of their shape."""
+        import numpy as np
+        import tvm
+
+        out = []
+        for i, (shape, dtype) in enumerate(shapes):
+            given = self.inputs[key][i] if i < len(self.inputs[key]) else None
+            if given is None or list(given.shape) != list(shape) or str(given.dtype) != dtype:
+                given = np.random.default_rng(i).uniform(-1.0, 1.0, size=shape).astype(dtype)
+            out.append(tvm.runtime.tensor(given, self.dev))
+        return out
+
+    def run(self, key: str, built: dict, number: int, repeat: int, min_repeat_ms: float,
+            cache_flush: bool, check: bool) -> dict:
+        import numpy as np
+        import tvm
+
+        rt_mod = self._load(built["timed"])
         wrong = ""
         if check:
-            rt_mod["main"](*args)
+            check_mod = self._load(built["check"]) if built.get("check") else rt_mod
+            args = [tvm.runtime.tensor(a, self.dev) for a in self.inputs[key]]
+            check_mod["main"](*args)
             self.dev.sync()
             for i in self.outputs[key]:
                 got, want = args[i].numpy(), self.expected[key][i]
@@ -148,9 +182,11 @@ class _RunnerState:
             "main", self.dev, number=int(number), repeat=int(repeat), min_repeat_ms=int(min_repeat_ms),
             f_preproc="cache_flush_cpu_non_first_arg" if cache_flush else "",
         )
-        secs = [float(x) for x in evaluator(*args).results]
+        secs = [float(x) for x in evaluator(*self._timing_args(key, built["args"])).results]
         if self.session is not None:
-            self.session.remove(os.path.basename(artifact))
+            for path in (built["timed"], built.get("check")):
+                if path:
+                    self.session.remove(os.path.basename(path))
         return {"run_secs": secs}
 
 

@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT", help="time on a device of this RPC tracker")
     t.add_argument("--rpc-key", default=None, help="device key at the RPC tracker")
     t.add_argument("--no-progress", action="store_true")
+    t.add_argument("--prior", action="store_true",
+                   help="x86: start the storm's cost model from the shipped prior instead of cold")
     t.add_argument("--trials-per-task", type=_positive(int), default=128,
                    help="model: at most this many candidates per task, half storm, half raindrop")
     t.add_argument("--output", default=None, metavar="PATH", help="model: write the compiled model (.so)")
@@ -79,6 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
     ze.add_argument("--batch", type=_positive(int), default=1)
     ze.add_argument("--resolution", type=_positive(int), default=None)
     ze.add_argument("--seq-len", type=_positive(int), default=None)
+
+    b = sub.add_parser("bench", help="a model side by side: untuned, tuned (from the database), ONNX Runtime")
+    b.add_argument("--model", required=True, metavar="NAME|PATH")
+    b.add_argument("--db", default=None)
+    b.add_argument("--target", default=None)
+    b.add_argument("--json", default=None, metavar="PATH")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--input-shape", action="append", default=None, metavar="NAME:1x3x224x224")
+    b.add_argument("--batch", type=_positive(int), default=1)
+    b.add_argument("--resolution", type=_positive(int), default=None)
+    b.add_argument("--seq-len", type=_positive(int), default=None)
 
     s = sub.add_parser("show", help="best record per workload")
     s.add_argument("--db", default=None)
@@ -113,7 +126,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     log.info("tuning %s on %s", kernel.name, describe(target))
     result = tune_kernel(kernel, target=target, trials=64 if args.trials is None else args.trials, exploit_trials=args.exploit_trials,
                          time_budget=args.time_budget, db=args.db, seed=args.seed, pvalue=args.pvalue,
-                         measure=measure, storm=StormConfig(batch_size=max(1, args.batch_size)),
+                         measure=measure, storm=StormConfig(batch_size=max(1, args.batch_size), prior=args.prior),
                          progress=not args.no_progress and sys.stderr.isatty())
     print(task_table(result.tasks))
     print(f"target: {describe(target)}   tuning: {result.tuning_s:.1f} s")
@@ -150,13 +163,30 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
     result = tune_model(model, target=target, trials=1000 if args.trials is None else args.trials,
                         trials_per_task=max(2, args.trials_per_task), time_budget=args.time_budget, db=args.db,
                         seed=args.seed, pvalue=args.pvalue, output=args.output, measure=_measure_config(args),
-                        storm=StormConfig(batch_size=max(1, args.batch_size)), progress=not args.no_progress)
+                        storm=StormConfig(batch_size=max(1, args.batch_size), prior=args.prior), progress=not args.no_progress)
     print(task_table(result.tasks))
     lat = result.latency_s
     fmt = lambda v: "n/a" if v is None else f"{v * 1e3:.3f} ms"  # noqa: E731
     print(f"model {result.model} on {describe(target)}: tuned {fmt(lat.get('tuned'))}, "
           f"untuned {fmt(lat.get('untuned'))}, onnxruntime {fmt(lat.get('onnxruntime'))}; "
           f"tuning {result.tuning_s:.1f} s; output matches the reference (max |diff| {result.max_abs_error:.2g})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result.to_json(), f, indent=2)
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .model_bench import bench_model, format_bench
+    from .target import parse_target
+    from .workloads.models import load_model, parse_input_shapes
+
+    target = parse_target(args.target)
+    model = load_model(args.model, input_shapes=parse_input_shapes(args.input_shape), batch=args.batch,
+                       resolution=args.resolution, seq_len=args.seq_len, seed=args.seed)
+    with _open_db(args.db) as db:
+        result = bench_model(model, db=db, target=target, seed=args.seed)
+    print(format_bench(result))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result.to_json(), f, indent=2)
@@ -221,7 +251,7 @@ def _cmd_ops(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"tune": _cmd_tune, "show": _cmd_show, "export": _cmd_export, "import": _cmd_import, "ops": _cmd_ops,
+COMMANDS = {"tune": _cmd_tune, "bench": _cmd_bench, "show": _cmd_show, "export": _cmd_export, "import": _cmd_import, "ops": _cmd_ops,
             "zoo": _cmd_zoo}
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import tvm
 from tvm.target import Target
 
+from . import _tvm
 from .records import ErrorKind, MeasureResult
 from .target import canonical, physical_cores
 
@@ -68,12 +69,8 @@ class _Worker:
         cmd = [sys.executable, "-m", "stormdrop._worker", str(fd), self.role, self.target_json,
                json.dumps(self.rpc)]
         env = dict(os.environ)
-        if self.role == "runner" and "TVM_NUM_THREADS" not in env:
-            # TVM's runtime defaults to hardware_concurrency / 2 threads on x86 (1 on a 2-core
-            # machine), not the target's num-cores: kernels would be timed on half the machine.
-            cores = json.loads(self.target_json).get("num-cores")
-            if cores:
-                env["TVM_NUM_THREADS"] = str(cores)
+        if self.role == "runner":  # timed on the target's cores, not TVM's default half (see _tvm)
+            _tvm.runtime_threads_env(int(json.loads(self.target_json).get("num-cores", 0)), env)
         src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
         self.proc = subprocess.Popen(cmd, pass_fds=(fd,), env=env, stdin=subprocess.DEVNULL)
@@ -172,8 +169,8 @@ class Gateway:
         self.stats["measured"] += len(mods)
         return results
 
-    def _build_all(self, mods: list[tvm.IRModule]) -> list[str | MeasureResult]:
-        out: list[str | MeasureResult] = [MeasureResult.failure(ErrorKind.BUILD_ERROR, "not built")] * len(mods)
+    def _build_all(self, mods: list[tvm.IRModule]) -> list[dict | MeasureResult]:
+        out: list[dict | MeasureResult] = [MeasureResult.failure(ErrorKind.BUILD_ERROR, "not built")] * len(mods)
         pending = list(range(len(mods)))
         busy: dict[int, tuple[_Worker, int]] = {}  # id(conn) -> (worker, job)
         idle = list(self._builders)
@@ -202,17 +199,19 @@ class Gateway:
                     idle.append(worker)
         return out
 
-    def _run(self, key: str, artifact: str) -> MeasureResult:
+    def _run(self, key: str, built: dict) -> MeasureResult:
         cfg = self.config
         self._ensure_reference(key)
         status, value = self._runner.call(
-            "run", (key, artifact, cfg.number, cfg.repeat, cfg.min_repeat_ms, cfg.cache_flush, cfg.check_correctness),
+            "run", (key, built, cfg.number, cfg.repeat, cfg.min_repeat_ms, cfg.cache_flush, cfg.check_correctness),
             timeout=cfg.run_timeout_s,
         )
-        try:
-            os.remove(artifact)
-        except OSError:
-            pass
+        for path in (built["timed"], built.get("check")):
+            try:
+                if path:
+                    os.remove(path)
+            except OSError:
+                pass
         if status == "timeout":
             return MeasureResult.failure(ErrorKind.RUN_TIMEOUT, str(value))
         if status != "ok":

@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import tvm
 import tvm.s_tir.meta_schedule as ms
 from tvm import relax
@@ -25,6 +24,15 @@ from . import _tvm
 from .database import Database, default_db_path
 from .errors import TuningError
 from .measure import Gateway, MeasureConfig
+from .model_run import (
+    commit_best,
+    compile_model,
+    max_abs_diff,
+    num_cores,
+    random_inputs,
+    run_model,
+    run_onnxruntime,
+)
 from .raindrop import RaindropConfig
 from .scheduler import GradientScheduler, TaskState
 from .storm import StormConfig
@@ -72,17 +80,6 @@ def extract_tasks(model: Model, target: Target) -> tuple[tvm.IRModule, list[tupl
         out.append((Kernel(t.task_name, f"{model.name}:{t.task_name}", _op_class(t.task_name), mod, flops),
                     int(t.weight)))
     return fused, out
-
-
-def random_inputs(model: Model, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    out = {}
-    for name, (shape, dtype) in model.inputs.items():
-        if dtype.startswith(("int", "uint")):
-            out[name] = rng.integers(0, 2, size=shape).astype(dtype)
-        else:
-            out[name] = rng.standard_normal(shape).astype(dtype)
-    return out
 
 
 def tune_model(spec: Any, *, target: Any = None, trials: int = 1000, trials_per_task: int = 128,
@@ -142,35 +139,9 @@ def _ms_database(sessions: list[TaskSession], target: Target) -> ms.database.Mem
     """A MetaSchedule database holding the best verified record of each task."""
     mdb = ms.database.MemoryDatabase()
     for s in sessions:
-        if not s.result.verified or not s.result.trace_json:
-            continue
-        wl = mdb.commit_workload(s.kernel.mod)
-        sch = _tvm.schedule_from_trace_json(s.kernel.mod, s.result.trace_json)
-        mdb.commit_tuning_record(ms.database.TuningRecord(
-            sch.trace, wl, [s.result.latency_s], target, ms.arg_info.ArgInfo.from_prim_func(s.kernel.mod["main"])))
+        if s.result.verified and s.result.trace_json:
+            commit_best(mdb, s.kernel.mod, s.result.trace_json, s.result.latency_s, target)
     return mdb
-
-
-def compile_model(fused: tvm.IRModule, mdb: Any, target: Target) -> Any:
-    with target, mdb, tvm.transform.PassContext(opt_level=3):
-        applied = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(fused)
-    return tvm.compile(applied, target=target)
-
-
-def run_model(ex: Any, inputs: dict[str, np.ndarray], target: Target, *, time_it: bool = True
-              ) -> tuple[list[np.ndarray], float | None]:
-    dev = tvm.cuda(0) if target.kind.name == "cuda" else tvm.cpu(0)
-    vm = relax.VirtualMachine(ex, dev)
-    args = [tvm.runtime.tensor(v, dev) for v in inputs.values()]
-    out = vm["main"](*args)
-    outs = [o.numpy() for o in out] if isinstance(out, (list, tuple)) or type(out).__name__ == "Array" else [
-        out.numpy()]
-    latency = None
-    if time_it:
-        vm.set_input("main", *args)
-        timer = vm.time_evaluator("invoke_stateful", dev, number=1, repeat=5, min_repeat_ms=100)
-        latency = float(np.median(timer("main").results))
-    return outs, latency
 
 
 def _compile_and_verify(result: ModelResult, model: Model, fused: tvm.IRModule, sessions: list[TaskSession],
@@ -180,21 +151,10 @@ def _compile_and_verify(result: ModelResult, model: Model, fused: tvm.IRModule, 
     ex = compile_model(fused, _ms_database(sessions, target), target)
     outs, result.latency_s["tuned"] = run_model(ex, inputs, target)
     if model.onnx_model is not None:
-        import onnxruntime as ort
-
-        sess = ort.InferenceSession(model.onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
-        ref = sess.run(None, inputs)
-        t0 = time.perf_counter()
-        n = 0
-        while time.perf_counter() - t0 < 0.5 or n < 3:
-            sess.run(None, inputs)
-            n += 1
-        result.latency_s["onnxruntime"] = (time.perf_counter() - t0) / n
+        ref, result.latency_s["onnxruntime"] = run_onnxruntime(model.onnx_model, inputs, num_cores(target))
     else:
-        ref = untuned_outs
-        result.latency_s["onnxruntime"] = None
-    err = max(float(np.max(np.abs(o - r))) for o, r in zip(outs, ref))
-    scale = max(1.0, max(float(np.max(np.abs(r))) for r in ref))
+        ref, result.latency_s["onnxruntime"] = untuned_outs, None
+    err, scale = max_abs_diff(outs, ref)
     result.max_abs_error = err
     if not err <= 1e-3 * scale:
         raise TuningError(f"{model.name}: the tuned model's output differs from the reference (max |diff| {err:.3g})")

@@ -20,6 +20,7 @@ class Model:
     mod: tvm.IRModule
     inputs: dict[str, tuple[tuple[int, ...], str]]
     onnx_model: Any = None  # the ONNX ModelProto when there is one (ONNX Runtime runs the same network)
+    torch_program: Any = None  # the torch.export program when there is one (PyTorch runs the same network)
 
 
 def parse_input_shapes(items: list[str] | None) -> dict[str, tuple[int, ...]]:
@@ -42,7 +43,7 @@ def load_model(spec: Any, *, input_shapes: dict[str, tuple[int, ...]] | None = N
         from tvm.relax.frontend.torch import from_exported_program
 
         mod = from_exported_program(spec, keep_params_as_input=False)
-        return Model("torch_export", mod, _relax_inputs(mod))
+        return Model("torch_export", mod, _relax_inputs(mod), torch_program=spec)
     if not isinstance(spec, str) or not spec:
         raise SpecError("--model: expected a zoo name or a path to an .onnx file")
     if spec.endswith(".onnx") or os.path.sep in spec or os.path.exists(spec):

@@ -1,0 +1,159 @@
+"""Model benchmark: stormdrop vs MetaSchedule tune_relax (same and 3x global trials) vs ONNX Runtime.
+
+One model at a time, one tuner at a time, on one target string. Every compiled
+model runs on the same random inputs in this process (TVM on the target's
+cores, ONNX Runtime with as many intra-op threads); a build whose output differs
+from ONNX Runtime's is reported as "wrong", never as a latency. Ratios > 1 mean
+stormdrop is faster.
+
+    PYTHONPATH=src python benchmarks/bench_models.py --models resnet18,mobilenet_v2 --resolution 112 --trials 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+
+MODELS = ["resnet18", "mobilenet_v2", "bert_base", "squeezenet1_0", "resnet50", "mnasnet1_0"]
+HEADER = ["model", "tasks", "untuned ms", "ONNX Runtime ms", "stormdrop ms", "tuning s", "MS same ms", "tuning s",
+          "MS 3x ms", "tuning s", "ratio MS-same/stormdrop", "ratio MS-3x/stormdrop", "ratio ORT/stormdrop"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(MODELS[:3]))
+    p.add_argument("--resolution", type=int, default=None, help="image models' input size (default: the paper's)")
+    p.add_argument("--seq-len", type=int, default=None, help="BERT sequence length (default 128)")
+    p.add_argument("--trials", type=int, default=200, help="global trial budget of stormdrop and MS 'same'")
+    p.add_argument("--trials-per-task", type=int, default=32, help="stormdrop's per-task cap (half storm, half drop)")
+    p.add_argument("--skip-3x", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="benchmarks/RESULTS.md")
+    p.add_argument("--json", default=None)
+    return p.parse_args(argv)
+
+
+def run_ms(model, target, trials: int, seed: int) -> dict:
+    import functools
+
+    import tvm.s_tir.meta_schedule as ms
+    from _peers import quiet_meta_schedule
+
+    from stormdrop._tvm import load_tensor_intrinsics
+
+    quiet_meta_schedule()
+    builder = ms.builder.LocalBuilder(timeout_sec=60.0, initializer=functools.partial(load_tensor_intrinsics, "llvm"))
+    with tempfile.TemporaryDirectory(prefix="bench-ms-") as work_dir:
+        t0 = time.monotonic()
+        db = ms.relax_integration.tune_relax(model.mod, {}, target, work_dir, trials, num_trials_per_iter=64,
+                                             builder=builder, seed=seed)
+        tuning_s = time.monotonic() - t0
+        ex = ms.relax_integration.compile_relax(db, model.mod, target, params=None)
+    return {"ex": ex, "tuning_s": tuning_s}
+
+
+def bench_one(name: str, args: argparse.Namespace, target) -> dict:
+    from _peers import short
+
+    from stormdrop.model_run import (
+        max_abs_diff,
+        num_cores,
+        random_inputs,
+        run_model,
+        run_onnxruntime,
+    )
+    from stormdrop.model_tune import tune_model
+    from stormdrop.workloads.models import load_model
+
+    kw = {k: v for k, v in (("resolution", args.resolution), ("seq_len", args.seq_len)) if v}
+    model = load_model(name, seed=args.seed, **kw)
+    inputs = random_inputs(model, args.seed)
+    ref, ort_s = run_onnxruntime(model.onnx_model, inputs, num_cores(target))
+    out = {"model": name, "onnxruntime_s": ort_s}
+    with tempfile.TemporaryDirectory(prefix="bench-sd-") as tmp:
+        t0 = time.monotonic()
+        try:
+            r = tune_model(model, target=target, trials=args.trials, trials_per_task=args.trials_per_task,
+                           db=os.path.join(tmp, "sd.sqlite"), seed=args.seed)
+            out["stormdrop"] = {"latency_s": r.latency_s["tuned"], "tuning_s": time.monotonic() - t0,
+                                "tasks": len(r.tasks), "trials": sum(sum(t.trials.values()) - t.trials["failed"]
+                                                                     for t in r.tasks)}
+            out["untuned_s"] = r.latency_s["untuned"]
+        except Exception as err:  # noqa: BLE001 - a failure is a cell
+            out["stormdrop"] = {"status": f"failed: {short(err)}", "tuning_s": time.monotonic() - t0}
+    print(f"  {name} stormdrop: {out['stormdrop']}", flush=True)
+    runs = [("ms_same", args.trials)] + ([] if args.skip_3x else [("ms_3x", 3 * args.trials)])
+    for key, trials in runs:
+        t0 = time.monotonic()
+        try:
+            res = run_ms(model, target, trials, args.seed)
+            outs, lat = run_model(res["ex"], inputs, target)
+            err, scale = max_abs_diff(outs, ref)
+            out[key] = {"tuning_s": res["tuning_s"], "budget": trials,
+                        **({"latency_s": lat} if err <= 1e-3 * scale else {"status": f"wrong (max diff {err:.2g})"})}
+        except Exception as e:  # noqa: BLE001
+            out[key] = {"status": f"failed: {short(e)}", "tuning_s": time.monotonic() - t0}
+        print(f"  {name} {key}: {out[key]}", flush=True)
+    return out
+
+
+def row(r: dict) -> list[str]:
+    def ms_(v):
+        return f"{v * 1e3:.2f}" if v else "-"
+
+    def cell(d):
+        return [ms_(d.get("latency_s")) if d.get("latency_s") else d.get("status", "-"), f"{d.get('tuning_s', 0):.0f}"]
+
+    sd = r["stormdrop"].get("latency_s")
+
+    def ratio(d):
+        v = d.get("latency_s") if isinstance(d, dict) else d
+        return f"{v / sd:.2f}" if v and sd else "-"
+
+    return [r["model"], str(r["stormdrop"].get("tasks", "-")), ms_(r.get("untuned_s")), ms_(r["onnxruntime_s"]),
+            *cell(r["stormdrop"]), *cell(r.get("ms_same", {})), *cell(r.get("ms_3x", {})),
+            ratio(r.get("ms_same", {})), ratio(r.get("ms_3x", {})), ratio(r["onnxruntime_s"])]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _peers import machine
+    from bench_kernels import pin_threads
+
+    from stormdrop.target import canonical, host_target, physical_cores
+
+    pin_threads(physical_cores())
+    target = host_target()
+    rows, raw = [], []
+    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+        print(f"[{name}]", flush=True)
+        r = bench_one(name, args, target)
+        raw.append({k: ({kk: vv for kk, vv in v.items() if kk != "ex"} if isinstance(v, dict) else v)
+                    for k, v in r.items()})
+        rows.append(row(r))
+        print("| " + " | ".join(rows[-1]) + " |", flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"command": " ".join(sys.argv), "target": canonical(target), "models": raw}, f, indent=1)
+    size = f"resolution {args.resolution or 'paper'}, BERT seq {args.seq_len or 128}"
+    lines = ["", f"## Models, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
+             f"- machine: {machine()}; target: `{canonical(target)}`", f"- command: `{' '.join(sys.argv)}`",
+             f"- {size}; global budget {args.trials} trials (stormdrop at most {args.trials_per_task} per task); "
+             "latencies in ms on the Relax VM (median of 5 x >= 100 ms), ONNX Runtime with the same thread count; "
+             "ratios > 1: stormdrop faster", "",
+             "| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER), *("| " + " | ".join(r) + " |" for r in rows),
+             ""]
+    with open(args.out, "a") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""``stormdrop bench --model``: one model, side by side on the same inputs.
+
+Untuned TVM, TVM compiled with the best stored record of every task (from the
+database, nothing is tuned here), ONNX Runtime (ONNX and zoo models) and
+PyTorch (``torch.export`` programs, when torch is installed). The tuned build
+must match the reference (ONNX Runtime, else the untuned build) before its
+latency is reported.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import tvm
+import tvm.s_tir.meta_schedule as ms
+
+from .database import Database
+from .errors import TuningError
+from .model_run import (
+    commit_best,
+    compile_model,
+    max_abs_diff,
+    num_cores,
+    random_inputs,
+    run_model,
+    run_onnxruntime,
+    run_pytorch,
+)
+from .model_tune import extract_tasks
+from .target import canonical, parse_target
+from .workloads.models import Model, load_model
+
+log = logging.getLogger("stormdrop")
+
+
+@dataclass
+class TaskRow:
+    name: str
+    weight: int
+    flops: int
+    latency_s: float | None  # best stored record; None = untuned (TVM's default schedule)
+    trials: int
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "weight": self.weight, "flops": self.flops, "latency_s": self.latency_s,
+                "trials": self.trials}
+
+
+@dataclass
+class BenchResult:
+    target: str
+    model: str
+    latency_s: dict[str, float | None] = field(default_factory=dict)
+    tasks: list[TaskRow] = field(default_factory=list)
+    max_abs_error: float | None = None
+
+    @property
+    def tuned_tasks(self) -> int:
+        return sum(t.latency_s is not None for t in self.tasks)
+
+    def to_json(self) -> dict:
+        return {"target": self.target, "model": self.model, "latency_s": dict(self.latency_s),
+                "max_abs_error": self.max_abs_error, "tasks": [t.to_json() for t in self.tasks]}
+
+
+def bench_model(spec: Any, *, db: Database, target: Any = None, seed: int = 0, **load_kw: Any) -> BenchResult:
+    """Measure ``spec`` untuned, tuned from ``db``, in ONNX Runtime and in PyTorch when available."""
+    tgt = parse_target(target)
+    model = spec if isinstance(spec, Model) else load_model(spec, seed=seed, **load_kw)
+    key = canonical(tgt)
+    fused, tasks = extract_tasks(model, tgt)
+    result = BenchResult(key, model.name)
+    mdb = ms.database.MemoryDatabase()
+    for kernel, weight in tasks:
+        entry = db.find_workload(kernel.mod)
+        best = db.best(entry.workload_id, key, k=1) if entry else []
+        row = TaskRow(kernel.name, weight, kernel.flops, best[0].mean if best else None,
+                      db.count(entry.workload_id, key) if entry else 0)
+        if best:
+            commit_best(mdb, kernel.mod, best[0].trace_json, best[0].mean, tgt)
+        result.tasks.append(row)
+    if not result.tuned_tasks:
+        raise TuningError(f"{model.name}: the database holds no record for any of its {len(tasks)} tasks "
+                          f"on this target; run `stormdrop tune --model` first")
+    inputs = random_inputs(model, seed)
+    threads = num_cores(tgt)
+    untuned_outs, result.latency_s["untuned"] = run_model(tvm.compile(model.mod, target=tgt), inputs, tgt)
+    outs, result.latency_s["tuned"] = run_model(compile_model(fused, mdb, tgt), inputs, tgt)
+    ref = untuned_outs
+    result.latency_s["onnxruntime"] = result.latency_s["pytorch"] = None
+    if model.onnx_model is not None:
+        ref, result.latency_s["onnxruntime"] = run_onnxruntime(model.onnx_model, inputs, threads)
+    if model.torch_program is not None:
+        try:
+            _, result.latency_s["pytorch"] = run_pytorch(model.torch_program, inputs, threads)
+        except ImportError:
+            log.warning("PyTorch is not installed: no PyTorch column")
+    err, scale = max_abs_diff(outs, ref)
+    result.max_abs_error = err
+    if not err <= 1e-3 * scale:
+        raise TuningError(f"{model.name}: the tuned build's output differs from the reference (max |diff| {err:.3g})")
+    return result
+
+
+def format_bench(result: BenchResult) -> str:
+    from .report import table
+
+    rows = []
+    for t in sorted(result.tasks, key=lambda t: -(t.latency_s or 0) * t.weight):
+        lat = "untuned" if t.latency_s is None else f"{t.latency_s * 1e6:.1f}"
+        share = "" if t.latency_s is None else f"{t.latency_s * t.weight * 1e6:.1f}"
+        rows.append([t.name, str(t.weight), lat, share, str(t.trials)])
+    lines = [table(["Task", "Weight", "Latency (us)", "Weighted (us)", "Trials"], rows), ""]
+    lines.append(f"{result.model}: {result.tuned_tasks}/{len(result.tasks)} tasks tuned; "
+                 f"output max |diff| {result.max_abs_error:.2g}")
+    for name, v in result.latency_s.items():
+        lines.append(f"  {name:12s} {'n/a' if v is None else f'{v * 1e3:.3f} ms'}")
+    tuned, ort = result.latency_s.get("tuned"), result.latency_s.get("onnxruntime")
+    if tuned and ort:
+        lines.append(f"  tuned / onnxruntime = {tuned / ort:.2f}")
+    return "\n".join(lines)

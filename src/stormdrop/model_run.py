@@ -1,0 +1,113 @@
+"""Compile a model with tuned records, run it on the Relax VM, and run the references.
+
+Shared by ``tune --model`` (compile and verify after tuning) and ``bench --model``
+(side by side: untuned TVM, tuned TVM, ONNX Runtime, PyTorch on the same inputs).
+Every runtime is timed on the target's cores: TVM through ``TVM_NUM_THREADS``
+(set before the first kernel runs), ONNX Runtime and PyTorch through their
+own intra-op thread settings.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import tvm
+import tvm.s_tir.meta_schedule as ms
+from tvm import relax
+from tvm.target import Target
+
+from . import _tvm
+from .workloads.models import Model
+
+
+def num_cores(target: Target) -> int:
+    from .target import physical_cores
+
+    return int(target.attrs.get("num-cores", 0)) if target.kind.name == "llvm" else physical_cores()
+
+
+def random_inputs(model: Model, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, (shape, dtype) in model.inputs.items():
+        if dtype.startswith(("int", "uint")):
+            out[name] = rng.integers(0, 2, size=shape).astype(dtype)
+        else:
+            out[name] = rng.standard_normal(shape).astype(dtype)
+    return out
+
+
+def commit_best(mdb: ms.database.Database, mod: tvm.IRModule, trace_json: str, latency_s: float,
+                target: Target) -> None:
+    """Put one tuned schedule of ``mod`` into a MetaSchedule database."""
+    wl = mdb.commit_workload(mod)
+    sch = _tvm.schedule_from_trace_json(mod, trace_json)
+    mdb.commit_tuning_record(ms.database.TuningRecord(
+        sch.trace, wl, [latency_s], target, ms.arg_info.ArgInfo.from_prim_func(mod["main"])))
+
+
+def compile_model(fused: tvm.IRModule, mdb: Any, target: Target) -> Any:
+    with target, mdb, tvm.transform.PassContext(opt_level=3):
+        applied = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(fused)
+    return tvm.compile(applied, target=target)
+
+
+def run_model(ex: Any, inputs: dict[str, np.ndarray], target: Target, *, time_it: bool = True
+              ) -> tuple[list[np.ndarray], float | None]:
+    """Outputs of the compiled model, and its median latency (s) when ``time_it``."""
+    _tvm.runtime_threads_env(num_cores(target))
+    dev = tvm.cuda(0) if target.kind.name == "cuda" else tvm.cpu(0)
+    vm = relax.VirtualMachine(ex, dev)
+    args = [tvm.runtime.tensor(v, dev) for v in inputs.values()]
+    out = vm["main"](*args)
+    outs = [o.numpy() for o in out] if isinstance(out, (list, tuple)) or type(out).__name__ == "Array" else [
+        out.numpy()]
+    latency = None
+    if time_it:
+        vm.set_input("main", *args)
+        timer = vm.time_evaluator("invoke_stateful", dev, number=1, repeat=5, min_repeat_ms=100)
+        latency = float(np.median(timer("main").results))
+    return outs, latency
+
+
+def _timed(fn: Any, min_s: float = 0.5, min_runs: int = 3) -> float:
+    fn()
+    times = []
+    t_end = time.perf_counter() + min_s
+    while time.perf_counter() < t_end or len(times) < min_runs:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def run_onnxruntime(onnx_model: Any, inputs: dict[str, np.ndarray], threads: int
+                    ) -> tuple[list[np.ndarray], float]:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    sess = ort.InferenceSession(onnx_model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    outs = sess.run(None, inputs)
+    return outs, _timed(lambda: sess.run(None, inputs))
+
+
+def run_pytorch(program: Any, inputs: dict[str, np.ndarray], threads: int) -> tuple[list[np.ndarray], float]:
+    import torch
+
+    torch.set_num_threads(threads)
+    module = program.module()
+    args = [torch.from_numpy(v) for v in inputs.values()]
+    with torch.no_grad():
+        out = module(*args)
+        outs = [o.numpy() for o in (out if isinstance(out, (list, tuple)) else [out])]
+        return outs, _timed(lambda: module(*args))
+
+
+def max_abs_diff(outs: list[np.ndarray], ref: list[np.ndarray]) -> tuple[float, float]:
+    """(max |out - ref|, scale of ref) over all outputs."""
+    err = max(float(np.max(np.abs(np.asarray(o, dtype=np.float64) - r))) for o, r in zip(outs, ref))
+    scale = max(1.0, max(float(np.max(np.abs(r))) for r in ref))
+    return err, scale

@@ -1,0 +1,25 @@
+"""Training kernels of the shipped cost-model prior (none of them is in benchmarks/)."""
+
+TRAIN_KERNELS = [
+    "conv2d:N=1,C=3,H=224,W=224,K=64,R=7,S=7,stride=2,pad=3",
+    "conv2d:N=1,C=64,H=56,W=56,K=128,R=3,S=3,stride=2,pad=1",
+    "conv2d:N=1,C=128,H=28,W=28,K=256,R=3,S=3,stride=2,pad=1",
+    "conv2d:N=1,C=512,H=7,W=7,K=512,R=3,S=3,stride=1,pad=1",
+    "conv2d:N=1,C=64,H=56,W=56,K=256,R=1,S=1,stride=1,pad=0",
+    "conv2d:N=1,C=1024,H=14,W=14,K=256,R=1,S=1,stride=1,pad=0",
+    "conv2d:N=1,C=32,H=112,W=112,K=16,R=1,S=1,stride=1,pad=0",
+    "conv2d:N=1,C=192,H=28,W=28,K=32,R=1,S=1,stride=1,pad=0",
+    "conv2d:N=1,C=128,H=28,W=28,K=256,R=1,S=1,stride=1,pad=0,layout=NHWC",
+    "conv2d_bias_relu:N=1,C=64,H=28,W=28,K=96,R=3,S=3,stride=1,pad=1",
+    "conv2d:N=1,C=48,H=35,W=35,K=64,R=5,S=5,stride=1,pad=2",
+    "depthwise_conv2d:N=1,C=32,H=112,W=112,R=3,S=3,stride=1,pad=1",
+    "depthwise_conv2d:N=1,C=384,H=14,W=14,R=3,S=3,stride=1,pad=1",
+    "depthwise_conv2d:N=1,C=240,H=28,W=28,R=5,S=5,stride=1,pad=2",
+    "depthwise_conv2d:N=1,C=576,H=14,W=14,R=3,S=3,stride=2,pad=1",
+    "dense:M=1,N=1000,K=512",
+    "dense:M=64,N=1024,K=1024",
+    "dense_bias_relu:M=128,N=512,K=256",
+    "matmul:M=256,N=1024,K=128",
+    "batch_matmul:B=12,M=128,N=64,K=128",
+    "matmul:M=384,N=384,K=384",
+]

@@ -1,0 +1,94 @@
+"""Turn a database of measured training kernels into the shipped cost-model prior.
+
+    python tools/train_prior.py --db prior.db --out src/stormdrop/data/prior_llvm_x86.npz [--validate]
+
+Features are MetaSchedule's per-store features of each stored schedule, costs the
+median run time (failed candidates get MetaSchedule's 1e10). ``--validate``
+prints, for every workload, how a model trained on all the *other* workloads
+ranks its schedules: the true speed of the top-1 and best-of-top-16 predicted
+schedules relative to the best measured one (1.0 = perfect).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+import tvm
+
+from stormdrop import _tvm, prior
+from stormdrop.database import Database
+from stormdrop.storm import make_context, new_xgb_model
+from stormdrop.target import from_canonical
+
+
+def extract(db: Database) -> list[prior.PriorGroup]:
+    import tvm.s_tir.meta_schedule as ms
+
+    groups = []
+    extractor = ms.feature_extractor.PerStoreFeature()
+    for entry in db.workloads():
+        for target_key in db.targets(entry.workload_id):
+            target = from_canonical(target_key)
+            ctx = make_context(entry.mod, target, seed=0, name=entry.name)
+            cands, costs = [], []
+            for rec in db.records(entry.workload_id, target_key):
+                try:
+                    sch = _tvm.schedule_from_trace_json(entry.mod, rec.trace_json)
+                except Exception:  # noqa: BLE001 - a trace that no longer replays is skipped
+                    continue
+                args = ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])
+                cands.append(ms.MeasureCandidate(sch, args))
+                costs.append(float(np.median(rec.result.run_secs)) if rec.result.ok else 1e10)
+            feats = [f.numpy().astype("float32") for f in extractor.extract_from(ctx, cands)]
+            keep = [i for i, f in enumerate(feats) if len(f)]
+            if not keep or min(costs[i] for i in keep) >= 1e10:
+                print(f"{entry.name}: no valid measurement, skipped", flush=True)
+                continue  # all-failed groups would teach "every schedule is the best one"
+            groups.append(prior.PriorGroup(entry.name, [feats[i] for i in keep],
+                                           np.array([costs[i] for i in keep], dtype=np.float32)))
+            print(f"{entry.name}: {len(keep)} schedules, best {min(costs) * 1e6:.1f} us", flush=True)
+    return groups
+
+
+def validate(groups: list[prior.PriorGroup]) -> None:
+    top1, top16, rand16 = [], [], []
+    for held in groups:
+        model = new_xgb_model(tvm.target.Target("llvm"), [g for g in groups if g is not held])
+        pred = model._predict(xs=held.features)  # noqa: SLF001 - MetaSchedule's own scoring path
+        order = np.argsort(-pred)
+        best = held.costs.min()
+        r1 = best / held.costs[order[0]]
+        r16 = best / held.costs[order[:16]].min()
+        rng = np.random.default_rng(0)
+        chance = np.mean([best / held.costs[rng.permutation(len(held.costs))[:16]].min() for _ in range(200)])
+        top1.append(r1)
+        top16.append(r16)
+        rand16.append(chance)
+        print(f"  {held.name:48s} top-1 {r1:.2f}  best-of-top-16 {r16:.2f}  (random 16: {chance:.2f}, "
+              f"n={len(held.costs)})")
+    g = lambda v: np.exp(np.mean(np.log(v)))  # noqa: E731
+    print(f"geomean: top-1 {g(top1):.3f}  best-of-top-16 {g(top16):.3f}  random 16 {g(rand16):.3f}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--db", required=True)
+    p.add_argument("--out", default=str(prior.X86_PRIOR))
+    p.add_argument("--validate", action="store_true")
+    args = p.parse_args()
+    with Database(args.db) as db:
+        groups = extract(db)
+    if args.validate:
+        validate(groups)
+    meta = {"tvm": tvm.__version__, "extractor": "per-store-feature", "source": args.db,
+            "workloads": [g.name for g in groups], "schedules": int(sum(len(g.costs) for g in groups))}
+    prior.save(args.out, groups, meta)
+    print(f"wrote {args.out}: {json.dumps(meta)[:300]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
