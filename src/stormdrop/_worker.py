@@ -16,14 +16,23 @@ from typing import Any
 
 def serve(conn: Any, role: str, target_json: str, rpc: dict | None) -> None:
     """Worker main loop (entry point of the child process)."""
+    import logging
+
     import tvm  # noqa: F401  (imported once per worker; TVM_NUM_THREADS is set by the parent)
 
     from . import _tvm
     from .target import from_canonical
 
+    logging.disable(logging.WARNING)  # TVM's Python warnings (e.g. RPC retries) would reach the user's terminal
     target = from_canonical(target_json)
     _tvm.load_tensor_intrinsics(target.kind.name)
-    state = _RunnerState(target, rpc) if role == "runner" else None
+    state, setup_error = None, ""
+    if role == "runner":
+        try:
+            state = _RunnerState(target, rpc)
+        except Exception as err:  # noqa: BLE001 - e.g. no RPC tracker there: every request gets the reason
+            lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+            setup_error = f"runner set-up failed: {type(err).__name__}: {lines[-1] if lines else ''}"
     while True:
         try:
             command, payload = conn.recv()
@@ -31,6 +40,9 @@ def serve(conn: Any, role: str, target_json: str, rpc: dict | None) -> None:
             return
         if command == "stop":
             return
+        if setup_error:
+            conn.send(("error", setup_error))
+            continue
         try:
             if command == "build":
                 value = _build(target, *payload)
@@ -83,8 +95,15 @@ class _RunnerState:
         self.rpc = rpc
         self.session = None
         if rpc:
+            import socket
+
             from tvm import rpc as tvm_rpc
 
+            try:  # fail in seconds, not after TVM's 60 s of silent retries
+                socket.create_connection((rpc["host"], int(rpc["port"])), timeout=10).close()
+            except OSError as err:
+                raise RuntimeError(f"cannot reach the RPC tracker at {rpc['host']}:{rpc['port']}: "
+                                   f"{err.strerror or err}") from None
             tracker = tvm_rpc.connect_tracker(rpc["host"], int(rpc["port"]))
             self.session = tracker.request(rpc["key"], priority=1, session_timeout=int(rpc.get("session_timeout", 600)))
         kind = "cuda" if target.kind.name == "cuda" else "cpu"
@@ -117,9 +136,16 @@ class _RunnerState:
                 mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
                                               dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
         rt_mod = tvm.build(mod, target=self.target)
-        dev = tvm.cuda(0) if self.target.kind.name == "cuda" else tvm.cpu(0)
-        args = [tvm.runtime.tensor(a, dev) for a in arrays]
+        if self.session is not None:  # the reference runs where the candidates run
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix="stormdrop-ref-") as tmp:
+                path = os.path.join(tmp, f"reference_{abs(hash(key))}.so")
+                rt_mod.export_library(path)
+                rt_mod = self._load(path)
+        args = [tvm.runtime.tensor(a, self.dev) for a in arrays]
         rt_mod["main"](*args)
+        self.dev.sync()
         results = [a.numpy() for a in args]
         self.outputs[key] = [i for i, (a, r) in enumerate(zip(arrays, results)) if not np.array_equal(a, r)]
         if not self.outputs[key]:  # outputs that happen to equal their random start: check the last arg

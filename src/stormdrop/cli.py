@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT", help="time on a device of this RPC tracker")
     t.add_argument("--rpc-key", default=None, help="device key at the RPC tracker")
     t.add_argument("--no-progress", action="store_true")
+    t.add_argument("--reuse", type=int, default=8, metavar="N",
+                   help="first measure the best schedules of up to N same-class workloads in the database (0: off)")
     t.add_argument("--prior", action="store_true",
                    help="x86: start the storm's cost model from the shipped prior instead of cold")
     t.add_argument("--trials-per-task", type=_positive(int), default=128,
@@ -127,6 +129,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     result = tune_kernel(kernel, target=target, trials=64 if args.trials is None else args.trials, exploit_trials=args.exploit_trials,
                          time_budget=args.time_budget, db=args.db, seed=args.seed, pvalue=args.pvalue,
                          measure=measure, storm=StormConfig(batch_size=max(1, args.batch_size), prior=args.prior),
+                         reuse=max(0, args.reuse),
                          progress=not args.no_progress and sys.stderr.isatty())
     print(task_table(result.tasks))
     print(f"target: {describe(target)}   tuning: {result.tuning_s:.1f} s")
@@ -163,7 +166,8 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
     result = tune_model(model, target=target, trials=1000 if args.trials is None else args.trials,
                         trials_per_task=max(2, args.trials_per_task), time_budget=args.time_budget, db=args.db,
                         seed=args.seed, pvalue=args.pvalue, output=args.output, measure=_measure_config(args),
-                        storm=StormConfig(batch_size=max(1, args.batch_size), prior=args.prior), progress=not args.no_progress)
+                        storm=StormConfig(batch_size=max(1, args.batch_size), prior=args.prior),
+                        reuse=max(0, args.reuse), progress=not args.no_progress)
     print(task_table(result.tasks))
     lat = result.latency_s
     fmt = lambda v: "n/a" if v is None else f"{v * 1e3:.3f} ms"  # noqa: E731

@@ -25,3 +25,9 @@ class TuningError(StormdropError):
     """Tuning could not produce any valid, verified schedule."""
 
     exit_code = 1
+
+
+class MeasureError(StormdropError):
+    """The measurement set-up failed: no reference output, an unreachable RPC tracker or device."""
+
+    exit_code = 1

@@ -30,6 +30,7 @@ import tvm
 from tvm.target import Target
 
 from . import _tvm
+from .errors import MeasureError
 from .records import ErrorKind, MeasureResult
 from .target import canonical, physical_cores
 
@@ -155,7 +156,8 @@ class Gateway:
         status, value = self._runner.call("reference", (key, *self._workloads[key]),
                                           timeout=max(600.0, self.config.run_timeout_s))
         if status != "ok":
-            raise RuntimeError(f"cannot compute the reference output of {key}: {value}")
+            lines = [ln.strip() for ln in str(value).splitlines() if ln.strip()]
+            raise MeasureError(f"cannot compute the reference output of {key}: {lines[-1] if lines else status}")
         self._references.add(key)
 
     def measure(self, key: str, mods: list[tvm.IRModule]) -> list[MeasureResult]:

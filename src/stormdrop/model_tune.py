@@ -86,7 +86,8 @@ def tune_model(spec: Any, *, target: Any = None, trials: int = 1000, trials_per_
                time_budget: float | None = None, db: Any = None, seed: int = 0, pvalue: float = 0.05,
                output: str | None = None, measure: MeasureConfig | None = None,
                storm: StormConfig | None = None, input_shapes: dict | None = None, batch: int = 1,
-               resolution: int | None = None, seq_len: int | None = None, progress: bool = False) -> ModelResult:
+               resolution: int | None = None, seq_len: int | None = None, reuse: int = 8,
+               progress: bool = False) -> ModelResult:
     """Tune every task of a model under a global trial and time budget, then compile and verify."""
     start = time.monotonic()
     tgt = parse_target(target)
@@ -101,7 +102,7 @@ def tune_model(spec: Any, *, target: Any = None, trials: int = 1000, trials_per_
         with Gateway(tgt, measure) as gateway:
             sessions = [TaskSession(database, gateway, k, tgt, seed) for k, _ in tasks]
             tuners = [TaskTuner(s, trials=storm_per_task, exploit_trials=trials_per_task - storm_per_task,
-                                storm=storm, raindrop=RaindropConfig(pvalue=pvalue)) for s in sessions]
+                                storm=storm, raindrop=RaindropConfig(pvalue=pvalue), reuse=reuse) for s in sessions]
             states = [TaskState(w, max(k.flops, 1), k.op_class) for k, w in tasks]
             sched = GradientScheduler(states, seed=seed)
             used = 0

@@ -135,6 +135,11 @@ class Storm:
         self.cost_model.update(self.ctx, cands, results)
         self._commit(cands, [r for _, r in history])
 
+    def absorb(self, candidates: list[Candidate], results: list[MeasureResult]) -> None:
+        """Measurements made outside the storm (reuse): learnt, seeded, and out of its budget."""
+        self._learn(list(zip(candidates, results)))
+        self.remaining -= len(candidates)
+
     def _commit(self, cands: list[ms.MeasureCandidate], results: list[MeasureResult]) -> None:
         for cand, result in zip(cands, results):
             if result.ok:
@@ -149,7 +154,8 @@ class Storm:
         if not batch:
             self.remaining = 0
             return None
-        self._pending = list(batch)
+        self._pending = list(batch)[:self.remaining]  # absorbed (reused) trials came out of the budget
+        batch = self._pending
         return [Candidate.from_schedule(c.sch, Phase.STORM, c.args_info) for c in batch]
 
     def tell(self, candidates: list[Candidate], results: list[MeasureResult]) -> None:

@@ -143,8 +143,10 @@ class TaskTuner:
     """
 
     def __init__(self, task: TaskSession, *, trials: int, exploit_trials: int,
-                 storm: StormConfig | None = None, raindrop: RaindropConfig | None = None) -> None:
+                 storm: StormConfig | None = None, raindrop: RaindropConfig | None = None, reuse: int = 8) -> None:
         self.task, self.trials, self.exploit_trials = task, trials, exploit_trials
+        self.reuse_donors = reuse  # transfer the best schedules of at most this many same-class workloads
+        self.reused = reuse <= 0
         self.storm_config = storm or StormConfig()
         self.raindrop_config = raindrop or RaindropConfig()
         self.storm: Storm | None = None
@@ -162,6 +164,10 @@ class TaskTuner:
             return False
         if self.storm is None:
             self.storm = self._start_storm()
+        if not self.reused:
+            self.reused = True
+            if self._reuse():
+                return True
         if self.drop is None:
             cands = self.storm.propose()
             if cands is not None:
@@ -185,6 +191,23 @@ class TaskTuner:
             self.storm.close()
         self.done = True
 
+    def _reuse(self) -> bool:
+        """Measure transferred schedules of same-class workloads (out of the storm's budget)."""
+        from .reuse import reuse_candidates
+
+        budget = min(self.reuse_donors, self.storm.remaining)
+        if budget <= 0:
+            return False
+        task = self.task
+        cands = reuse_candidates(task.db, task.entry, task.target_key, self.storm.ctx.space_generator.postprocs,
+                                 limit=budget)
+        if not cands:
+            return False
+        results = task.evaluate(cands)
+        self.storm.absorb(cands, results)
+        self.rounds += 1
+        return True
+
     def _start_storm(self) -> Storm:
         history = []
         for rec in self.task.stored():
@@ -192,7 +215,7 @@ class TaskTuner:
                 history.append((self.task.candidate_of(rec, rec.phase), rec.result))
             except Exception as err:  # noqa: BLE001 - a stored trace that no longer replays is skipped
                 log.debug("skipping stored record %s: %s", rec.record_id, err)
-        remaining = max(0, self.trials - len(self.task.stored(Phase.STORM)))
+        remaining = max(0, self.trials - len(self.task.stored(Phase.STORM)) - len(self.task.stored(Phase.REUSE)))
         return Storm(self.task.kernel.mod, self.task.target, trials=remaining, seed=self.task.seed,
                      config=self.storm_config, history=history)
 
@@ -230,8 +253,11 @@ def tune_kernel(kernel: str | Kernel, *, target: str | dict | Target | None = No
                 exploit_trials: int | None = None, time_budget: float | None = None,
                 db: str | os.PathLike | Database | None = None, seed: int = 0, pvalue: float = 0.05,
                 measure: MeasureConfig | None = None, storm: StormConfig | None = None,
-                raindrop: RaindropConfig | None = None, progress: bool = False) -> TuneResult:
-    """Tune one kernel: storm for ``trials`` candidates, then raindrop for ``exploit_trials``.
+                raindrop: RaindropConfig | None = None, reuse: int = 8, progress: bool = False) -> TuneResult:
+    """Tune one kernel: reuse + storm for ``trials`` candidates, then raindrop for ``exploit_trials``.
+
+    Reuse measures the best schedules of up to ``reuse`` other workloads of the same
+    class stored in ``db`` (transferred to this one) before the storm, out of its budget.
 
     ``kernel`` is a spec (``matmul:M=512,N=512,K=512``, ``file.py:function``) or a
     ``Kernel``. Every measurement is committed to ``db`` as it is made; re-running
@@ -253,7 +279,7 @@ def tune_kernel(kernel: str | Kernel, *, target: str | dict | Target | None = No
             task = TaskSession(database, gateway, k, tgt, seed, progress=bar)
             if bar is not None:
                 bar.update(min(len(task.stored(Phase.STORM)), trials) + min(len(task.stored(Phase.RAINDROP)), exploit))
-            tuner = TaskTuner(task, trials=trials, exploit_trials=exploit, storm=storm, raindrop=rcfg)
+            tuner = TaskTuner(task, trials=trials, exploit_trials=exploit, storm=storm, raindrop=rcfg, reuse=reuse)
             while time.monotonic() < deadline and tuner.step():
                 pass
             tuner.finish()

@@ -1,0 +1,76 @@
+"""Reuse (transfer-tuning): refitting tile factors, replaying donors' traces, the reuse phase end to end."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import tvm
+
+from stormdrop import _tvm
+from stormdrop.database import Database
+from stormdrop.records import Phase
+from stormdrop.reuse import nearest_factorization, transfer
+from stormdrop.storm import make_context
+from stormdrop.target import host_target
+from stormdrop.tune import tune_kernel
+from stormdrop.workloads import kernel_args, parse_kernel
+
+
+@pytest.mark.parametrize("old,extent,inner", [([1, 2, 4, 8], 64, 64), ([2, 2, 7, 1], 14, 64), ([8, 8], 96, 64),
+                                              ([1, 1, 64, 1], 48, 64), ([3, 1], 5, 64), ([1, 4, 16], 60, 8),
+                                              ([7, 1, 1, 1], 1, 64)])
+def test_nearest_factorization_is_a_valid_split(old, extent, inner):
+    new = nearest_factorization(old, extent, inner)
+    assert len(new) == len(old) and math.prod(new) == extent
+    assert new[-1] <= inner
+
+
+def test_nearest_factorization_keeps_what_fits_and_stays_close():
+    assert nearest_factorization([1, 2, 4, 8], 64, 64) == [1, 2, 4, 8]  # already valid: unchanged
+    assert nearest_factorization([4, 2, 4, 8], 48, 64) == [1, 2, 3, 8]  # inner factors kept, outer absorbs
+    assert nearest_factorization([1, 1, 1, 32], 96, 16)[-1] == 16  # max innermost factor respected
+
+
+def _run(mod, args_np):
+    ex = tvm.compile(mod, target=host_target())
+    arrs = [tvm.runtime.tensor(a) for a in args_np]
+    ex["main"](*arrs)
+    return arrs[-1].numpy()
+
+
+def test_transferred_conv_schedule_replays_and_computes_the_right_answer():
+    donor = parse_kernel("conv2d:N=1,C=16,H=14,W=14,K=32,R=3,S=3,stride=1,pad=1")
+    target = parse_kernel("conv2d:N=1,C=24,H=10,W=10,K=20,R=3,S=3,stride=1,pad=1")
+    ctx = make_context(donor.mod, host_target(), seed=0)
+    spaces = ctx.generate_design_space()
+    postprocs = ctx.space_generator.postprocs
+    moved = 0
+    for space in spaces:
+        text = _tvm.trace_to_json(space.trace)
+        sch = transfer(donor.mod, text, target.mod, postprocs)
+        if sch is None:
+            continue
+        moved += 1
+        rng = np.random.default_rng(0)
+        args = [rng.standard_normal(shape).astype(dtype) for _, shape, dtype in kernel_args(target.mod)]
+        want = _run(target.mod, [a.copy() for a in args])
+        np.testing.assert_allclose(_run(sch.mod, [a.copy() for a in args]), want, rtol=1e-4, atol=1e-4)
+    assert moved >= 1
+
+
+def test_reuse_phase_measures_transfers_from_a_same_class_kernel(tmp_path):
+    db = tmp_path / "r.db"
+    tune_kernel("matmul:M=64,N=64,K=64", trials=8, exploit_trials=0, db=db, seed=0)
+    task = tune_kernel("matmul:M=48,N=80,K=64", trials=8, exploit_trials=0, db=db, seed=0).tasks[0]
+    assert task.verified
+    assert task.trials["reuse"] == 1  # one donor, its best schedule transferred
+    assert task.trials["storm"] == 7  # reuse is part of the trial budget
+    with Database(db) as d:
+        entry = d.find_workload(parse_kernel("matmul:M=48,N=80,K=64").mod)
+        phases = [r.phase for r in d.records(entry.workload_id)]
+    assert phases.count(Phase.REUSE) == 1
+    # A kernel of another class gets nothing to reuse.
+    other = tune_kernel("dense:M=16,N=16,K=16", trials=4, exploit_trials=0, db=db, seed=0).tasks[0]
+    assert other.trials["reuse"] == 0

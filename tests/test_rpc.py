@@ -1,0 +1,82 @@
+"""Measurement on a device registered at a TVM RPC tracker (loopback tracker + server)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from stormdrop.database import Database
+from stormdrop.measure import MeasureConfig
+from stormdrop.tune import tune_kernel
+
+KEY = "stormdrop-test"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tracker():
+    """A tracker and one server with key KEY, in their own process group (their popen workers too)."""
+    tport, sport = _free_port(), _free_port()
+    procs = [subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
+                               "--port", str(tport), "--port-end", str(tport + 1)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)]
+    time.sleep(2)
+    procs.append(subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1",
+                                   "--port", str(sport), "--port-end", str(sport + 1),
+                                   "--tracker", f"127.0.0.1:{tport}", "--key", KEY],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+    try:
+        from tvm import rpc
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                summary = rpc.connect_tracker("127.0.0.1", tport).summary()
+                if any(KEY in str(s.get("key", "")) for s in summary.get("server_info", [])):
+                    break
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("the loopback RPC server did not register at the tracker")
+            time.sleep(1)
+        yield {"host": "127.0.0.1", "port": tport, "key": KEY}
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(timeout=10)
+
+
+def test_kernel_tuned_through_the_rpc_tracker_is_verified(tmp_path, tracker):
+    result = tune_kernel("matmul:M=32,N=32,K=32", trials=4, exploit_trials=0, db=tmp_path / "rpc.db", seed=0,
+                         measure=MeasureConfig(rpc=tracker))
+    task = result.tasks[0]
+    assert task.verified and task.latency_s > 0
+    with Database(tmp_path / "rpc.db") as db:
+        entry = db.workloads()[0]
+        recs = db.records(entry.workload_id)
+    assert len(recs) == 4 and sum(r.ok for r in recs) >= 3
+
+
+def test_unreachable_tracker_is_one_error_line(tmp_path):
+    port = _free_port()  # nothing listens there
+    r = subprocess.run([sys.executable, "-m", "stormdrop", "tune", "--kernel", "matmul:M=16,N=16,K=16",
+                        "--trials", "2", "--exploit-trials", "1", "--db", str(tmp_path / "x.db"),
+                        "--rpc-tracker", f"127.0.0.1:{port}", "--rpc-key", KEY],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stormdrop: error:"), r.stderr
