@@ -45,15 +45,20 @@ def run_ms(model, target, trials: int, seed: int) -> dict:
     from _peers import quiet_meta_schedule
 
     from stormdrop._tvm import load_tensor_intrinsics
+    from stormdrop.model_run import compile_model
+    from stormdrop.model_tune import extract_tasks
 
     quiet_meta_schedule()
     builder = ms.builder.LocalBuilder(timeout_sec=60.0, initializer=functools.partial(load_tensor_intrinsics, "llvm"))
     with tempfile.TemporaryDirectory(prefix="bench-ms-") as work_dir:
         t0 = time.monotonic()
-        db = ms.relax_integration.tune_relax(model.mod, {}, target, work_dir, trials, num_trials_per_iter=64,
+        # The same fused module and compile path as stormdrop's (tune_relax on the raw imported
+        # module finds no task: it expects legalized, fused primitive functions).
+        fused, _ = extract_tasks(model, target)
+        db = ms.relax_integration.tune_relax(fused, {}, target, work_dir, trials, num_trials_per_iter=64,
                                              builder=builder, seed=seed)
         tuning_s = time.monotonic() - t0
-        ex = ms.relax_integration.compile_relax(db, model.mod, target, params=None)
+        ex = compile_model(fused, db, target)
     return {"ex": ex, "tuning_s": tuning_s}
 
 
