@@ -3,9 +3,39 @@ from __future__ import annotations
 import os
 
 import pytest
+import tvm
+import tvm.s_tir.meta_schedule as ms
+from dbutil import TARGET, matmul_mod
+
+from stormdrop import _tvm
 
 
 @pytest.fixture(autouse=True)
 def _private_db(tmp_path, monkeypatch):
     """Never touch the user's database from a test."""
     monkeypatch.setenv("STORMDROP_DB", os.fspath(tmp_path / "default.db"))
+
+
+@pytest.fixture(scope="module")
+def mod() -> tvm.IRModule:
+    return matmul_mod()
+
+
+@pytest.fixture(scope="module")
+def traces(mod: tvm.IRModule) -> list[str]:
+    """Full (post-processed) trace JSON of each design space of the matmul."""
+    _tvm.load_tensor_intrinsics("llvm")
+    ctx = ms.TuneContext(
+        mod,
+        target=TARGET,
+        space_generator="post-order-apply",
+        search_strategy="replay-trace",
+        num_threads=1,
+    )
+    out = []
+    for sch in ctx.generate_design_space():
+        sch.enter_postproc()
+        assert all(p.apply(sch) for p in ctx.space_generator.postprocs)
+        out.append(_tvm.trace_to_json(sch.trace))
+    assert len(set(out)) >= 3
+    return out

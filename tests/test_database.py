@@ -1,117 +1,28 @@
-"""Tests of the SQLite tuning database and its MetaSchedule JSON adapters (no measuring)."""
+"""Tests of the SQLite tuning database (no measuring)."""
 
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
-import tvm
 import tvm.s_tir.meta_schedule as ms
 import tvm_ffi
-from tvm import te
+from dbutil import SECS, TARGET, TARGET_KEY, args_info_json, fill, make_record, matmul_mod
 from tvm.target import Target
 
-from stormdrop import _tvm
+from stormdrop._schema import SCHEMA_VERSION
 from stormdrop.database import (
-    SCHEMA_VERSION,
     Database,
     candidate_key,
     canonical_target,
-    export_metaschedule,
-    import_metaschedule,
 )
 from stormdrop.errors import DatabaseError
-from stormdrop.records import ErrorKind, MeasureResult, Phase, Record
+from stormdrop.records import ErrorKind, MeasureResult, Phase
 from stormdrop.report import format_best_table
-
-TARGET = Target({"kind": "llvm", "num-cores": 2})
-TARGET_KEY = canonical_target(TARGET)
-# dyadic times are exact in MetaSchedule's float32 run_secs too
-SECS = [(2**-10, 2**-10), (2**-12, 2**-11), (2**-9,)]
-
-
-def matmul_mod(n: int = 128) -> tvm.IRModule:
-    a = te.placeholder((n, n), name="A")
-    b = te.placeholder((n, n), name="B")
-    k = te.reduce_axis((0, n), name="k")
-    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
-    return tvm.IRModule({"main": te.create_prim_func([a, b, c])})
-
-
-@pytest.fixture(scope="module")
-def mod() -> tvm.IRModule:
-    return matmul_mod()
-
-
-@pytest.fixture(scope="module")
-def traces(mod: tvm.IRModule) -> list[str]:
-    """Full (post-processed) trace JSON of each design space of the matmul."""
-    _tvm.load_tensor_intrinsics("llvm")
-    ctx = ms.TuneContext(
-        mod,
-        target=TARGET,
-        space_generator="post-order-apply",
-        search_strategy="replay-trace",
-        num_threads=1,
-    )
-    out = []
-    for sch in ctx.generate_design_space():
-        sch.enter_postproc()
-        assert all(p.apply(sch) for p in ctx.space_generator.postprocs)
-        out.append(_tvm.trace_to_json(sch.trace))
-    assert len(set(out)) >= 3
-    return out
-
-
-def args_info_json(mod: tvm.IRModule) -> str:
-    infos = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
-    return json.dumps([_tvm.to_py(a.as_json()) for a in infos])
-
-
-def make_record(wid: int, mod, trace: str, result: MeasureResult, at: float = 1.0) -> Record:
-    return Record(
-        workload_id=wid,
-        target=TARGET_KEY,
-        candidate_key=candidate_key(trace),
-        trace_json=trace,
-        args_info_json=args_info_json(mod),
-        result=result,
-        phase=Phase.STORM,
-        measured_at=at,
-        versions="tvm=0.27.0",
-    )
-
-
-def fill(db: Database, mod, traces: list[str]) -> tuple[int, list[Record]]:
-    """One workload with 3 valid records and 1 failure; returns (workload_id, stored)."""
-    wid = db.commit_workload(
-        mod, name="matmul_128", op_class="matmul", flops=2 * 128**3
-    ).workload_id
-    stored = [
-        db.commit_record(make_record(wid, mod, t, MeasureResult(run_secs=s), at=float(i)))
-        for i, (t, s) in enumerate(zip(traces, SECS, strict=False))
-    ]
-    fail = make_record(
-        wid, mod, traces[0] + " ", MeasureResult.failure(ErrorKind.BUILD_ERROR, "boom"), at=9.0
-    )
-    stored.append(db.commit_record(fail))
-    return wid, stored
-
-
-def dump(path: Path) -> list[str]:
-    conn = sqlite3.connect(path)
-    try:
-        return list(conn.iterdump())
-    finally:
-        conn.close()
-
-
-# -- schema, records ----------------------------------------------------------------------
 
 
 def test_schema_created(tmp_path: Path) -> None:
@@ -293,130 +204,3 @@ def test_format_best_table(tmp_path: Path, mod, traces) -> None:
     row2 = [c.strip() for c in lines[4].split("|")]
     assert row2[1] == "mm64" and row2[4:7] == ["N/A", "N/A", "1"]
     assert "never_measured" not in text and "Total trials: 5" in text
-
-
-# -- MetaSchedule adapters ----------------------------------------------------------------
-
-
-def test_export_compile_tir(tmp_path: Path, mod, traces) -> None:
-    with Database(tmp_path / "e.db") as db:
-        fill(db, mod, traces)
-        out = tmp_path / "ms_out"
-        n = export_metaschedule(db, str(out))
-        assert n == 3
-        assert sorted(p.name for p in out.iterdir()) == [
-            "database_tuning_record.json",
-            "database_workload.json",
-        ]
-        assert export_metaschedule(db, str(out), target=TARGET_KEY) == 3  # replaces, no dups
-        assert export_metaschedule(db, str(tmp_path / "none"), target=canonical_target("llvm")) == 0
-    jdb = ms.database.JSONDatabase(work_dir=str(out))
-    assert len(jdb) == n
-    top = jdb.get_top_k(jdb.commit_workload(mod), 1)
-    assert [float(x) for x in top[0].run_secs] == list(SECS[1])
-    sch = ms.tir_integration.compile_tir(jdb, mod, TARGET)
-    assert isinstance(sch, tvm.s_tir.Schedule)
-    assert _tvm.trace_to_json(sch.trace) == traces[1]
-    ex = tvm.compile(sch.mod, target=TARGET)
-    dev = tvm.cpu()
-    rng = np.random.default_rng(1)
-    a_np, b_np = (rng.random((128, 128), dtype=np.float32) for _ in range(2))
-    a, b = tvm.runtime.tensor(a_np, dev), tvm.runtime.tensor(b_np, dev)
-    c = tvm.runtime.empty((128, 128), "float32", dev)
-    ex["main"](a, b, c)
-    np.testing.assert_allclose(c.numpy(), a_np @ b_np, rtol=1e-4, atol=1e-4)
-
-
-def test_export_import_roundtrip(tmp_path: Path, mod, traces) -> None:
-    with Database(tmp_path / "src.db") as src:
-        wid, stored = fill(src, mod, traces)
-        export_metaschedule(src, str(tmp_path / "ms"))
-        src_best = src.best(wid, TARGET_KEY, 10)
-    with Database(tmp_path / "dst.db") as dst:
-        assert import_metaschedule(dst, str(tmp_path / "ms")) == 3
-        assert import_metaschedule(dst, str(tmp_path / "ms")) == 0  # duplicates skipped
-        (wl,) = dst.workloads()
-        assert wl.name == f"imported_{ms.utils.shash2hex(mod)}" and wl.op_class == "imported"
-        assert wl.flops == 2 * 128**3
-        got = dst.records(wl.workload_id, TARGET_KEY)
-        assert len([r for r in got if r.ok]) == len([r for r in stored if r.ok]) == 3
-        best = dst.best(wl.workload_id, TARGET_KEY, 10)
-        assert best[0].mean == src_best[0].mean
-        assert [r.trace_json for r in best] == [r.trace_json for r in src_best]
-        assert all(r.candidate_key == candidate_key(r.trace_json) for r in got)
-        assert all(r.phase is Phase.STORM for r in got)
-        assert got[0].args_info_json == stored[0].args_info_json
-
-
-def test_import_failure_marker(tmp_path: Path, mod, traces) -> None:
-    out = tmp_path / "ms"
-    out.mkdir()
-    jdb = ms.database.JSONDatabase(work_dir=str(out))
-    wl = jdb.commit_workload(mod)
-    infos = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
-    for t, secs in zip(traces[:2], ([1e10], [2**-10]), strict=True):
-        trace = _tvm.schedule_from_trace_json(mod, t).trace
-        jdb.commit_tuning_record(ms.database.TuningRecord(trace, wl, secs, TARGET, infos))
-    with Database(tmp_path / "d.db") as db:
-        assert import_metaschedule(db, str(out)) == 2
-        (entry,) = db.workloads()
-        recs = db.records(entry.workload_id)
-        assert not recs[0].ok and recs[0].result.error is ErrorKind.RUN_ERROR
-        assert recs[1].result.run_secs == (2**-10,)
-        assert db.best(entry.workload_id, TARGET_KEY) == [recs[1]]
-
-
-def test_import_bad_dirs_leave_db_unchanged(tmp_path: Path, mod, traces) -> None:
-    path = tmp_path / "keep.db"
-    with Database(path) as db:
-        fill(db, mod, traces[:1])
-        good = tmp_path / "good"
-        export_metaschedule(db, str(good))
-    before = dump(path)
-    bad_json = tmp_path / "bad_json"
-    bad_json.mkdir()
-    (bad_json / "database_workload.json").write_text("garbage{\n")
-    (bad_json / "database_tuning_record.json").write_text("")
-    bad_index = tmp_path / "bad_index"
-    bad_index.mkdir()
-    (bad_index / "database_workload.json").write_text("")
-    (bad_index / "database_tuning_record.json").write_text(
-        (good / "database_tuning_record.json").read_text()
-    )
-    half = tmp_path / "half"
-    half.mkdir()
-    (half / "database_workload.json").write_text("")
-    with Database(path) as db:
-        for d in (tmp_path / "missing", half, bad_json, bad_index):
-            with pytest.raises(DatabaseError) as info:
-                import_metaschedule(db, str(d))
-            assert "\n" not in str(info.value)
-    assert not (half / "database_tuning_record.json").exists()
-    assert dump(path) == before
-
-
-def test_import_is_one_transaction(tmp_path: Path, mod, traces, monkeypatch) -> None:
-    with Database(tmp_path / "src.db") as src:
-        fill(src, mod, traces)
-        export_metaschedule(src, str(tmp_path / "ms"))
-    path = tmp_path / "dst.db"
-    with Database(path) as dst:
-        dst.commit_workload(matmul_mod(64), name="mm64", op_class="matmul", flops=1)
-        before = dump(path)
-        real = dst._commit_record
-        calls = []
-
-        def flaky(record):
-            calls.append(record)
-            if len(calls) == 2:
-                raise DatabaseError("disk on fire")
-            return real(record)
-
-        monkeypatch.setattr(dst, "_commit_record", flaky)
-        with pytest.raises(DatabaseError, match="disk on fire"):
-            import_metaschedule(dst, str(tmp_path / "ms"))
-        assert dump(path) == before
-        assert [w.name for w in dst.workloads()] == ["mm64"]
-        monkeypatch.setattr(dst, "_commit_record", real)
-        assert import_metaschedule(dst, str(tmp_path / "ms")) == 3
-    assert os.path.getsize(path) > 0

@@ -20,13 +20,8 @@ import tvm
 import tvm.s_tir.meta_schedule as ms
 
 from . import _tvm
-from .database import (
-    Database,
-    WorkloadEntry,
-    _one_line,
-    candidate_key,
-    canonical_target,
-)
+from ._schema import one_line
+from .database import Database, WorkloadEntry, candidate_key, canonical_target
 from .errors import DatabaseError
 from .records import ErrorKind, MeasureResult, Phase, Record
 
@@ -67,7 +62,7 @@ def export_metaschedule(db: Database, out_dir: str, *, target: str | None = None
         tmp = Path(tempfile.mkdtemp(prefix=".stormdrop-export-", dir=out))
     except OSError as e:
         raise DatabaseError(
-            f"cannot write MetaSchedule database {out_dir}: {_one_line(e)}"
+            f"cannot write MetaSchedule database {out_dir}: {one_line(e)}"
         ) from None
     written = 0
     try:
@@ -88,7 +83,7 @@ def export_metaschedule(db: Database, out_dir: str, *, target: str | None = None
                         "skipping record %s of %s: trace does not replay: %s",
                         rec.record_id,
                         wl.name,
-                        _one_line(e),
+                        one_line(e),
                     )
                     continue
                 jdb.commit_tuning_record(
@@ -106,7 +101,7 @@ def export_metaschedule(db: Database, out_dir: str, *, target: str | None = None
             os.replace(tmp / name, out / name)
     except OSError as e:
         raise DatabaseError(
-            f"cannot write MetaSchedule database {out_dir}: {_one_line(e)}"
+            f"cannot write MetaSchedule database {out_dir}: {one_line(e)}"
         ) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -119,7 +114,7 @@ def _read_json_lines(path: Path) -> list[tuple[int, Any]]:
         with open(path, encoding="utf-8") as f:
             lines = f.readlines()
     except (OSError, UnicodeDecodeError) as e:
-        raise DatabaseError(f"cannot read {path}: {_one_line(e)}") from None
+        raise DatabaseError(f"cannot read {path}: {one_line(e)}") from None
     out = []
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
@@ -127,7 +122,7 @@ def _read_json_lines(path: Path) -> list[tuple[int, Any]]:
         try:
             obj = json.loads(line)
         except ValueError as e:
-            raise DatabaseError(f"malformed JSON in {path} line {lineno}: {_one_line(e)}") from None
+            raise DatabaseError(f"malformed JSON in {path} line {lineno}: {one_line(e)}") from None
         if not isinstance(obj, list) or len(obj) != 2:
             raise DatabaseError(f"malformed MetaSchedule entry in {path} line {lineno}")
         out.append((lineno, obj))
@@ -165,7 +160,7 @@ def read_metaschedule(in_dir: str) -> list[Any]:
                 raise ValueError(f"workload index {index!r} out of range")
             records.append(ms.database.TuningRecord.from_json(rec, workloads[index]))
     except Exception as e:  # TVM raises assorted errors for bad entries
-        raise DatabaseError(f"malformed MetaSchedule entry in {where}: {_one_line(e)}") from None
+        raise DatabaseError(f"malformed MetaSchedule entry in {where}: {one_line(e)}") from None
     return records
 
 

@@ -1,9 +1,13 @@
-"""The SQLite storage format: schema (versioned), column lists, row -> Record."""
+"""The SQLite storage format: schema (versioned), opening and validating a file, column lists, row -> Record."""
 
 from __future__ import annotations
 
 import json
+import sqlite3
+import urllib.parse
+from pathlib import Path
 
+from .errors import DatabaseError
 from .records import ErrorKind, MeasureResult, Phase, Record
 
 SCHEMA_VERSION = 1
@@ -68,3 +72,85 @@ def record_from_row(row: tuple) -> Record:
         versions=ver,
         record_id=int(rid),
     )
+
+
+def one_line(exc: BaseException | str) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else text
+
+
+def open_connection(path: str) -> sqlite3.Connection:
+    """Open (or create, with the current schema) the database file; DatabaseError if it is not one of ours."""
+    p = Path(path)
+    if p.is_dir():
+        raise DatabaseError(f"database path is a directory: {path}")
+    fresh = not p.exists()
+    if not fresh:
+        try:
+            with open(p, "rb") as f:
+                header = f.read(len(SQLITE_MAGIC))
+        except OSError as e:
+            raise DatabaseError(f"cannot read database {path}: {one_line(e)}") from None
+        fresh = header == b""
+        if not fresh and header != SQLITE_MAGIC:
+            raise DatabaseError(f"not an SQLite database: {path}")
+        if not fresh:
+            fresh = _check_existing(p, path)
+    else:
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise DatabaseError(f"cannot create database {path}: {one_line(e)}") from None
+    try:
+        conn = sqlite3.connect(
+            path, timeout=60.0, isolation_level=None, check_same_thread=False
+        )
+    except sqlite3.Error as e:
+        raise DatabaseError(f"cannot open database {path}: {one_line(e)}") from None
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        if fresh:
+            conn.execute("BEGIN IMMEDIATE")
+            for stmt in SCHEMA.split(";"):
+                if stmt.strip():
+                    conn.execute(stmt)
+            conn.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+                (str(SCHEMA_VERSION),),
+            )
+            conn.execute("COMMIT")
+    except sqlite3.Error as e:
+        conn.close()
+        raise DatabaseError(f"cannot open database {path}: {one_line(e)}") from None
+    return conn
+
+
+def _check_existing(p: Path, path: str) -> bool:
+    """Validate an existing SQLite file read-only; True if it holds no tables yet."""
+    uri = "file:" + urllib.parse.quote(str(p.resolve())) + "?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=60.0)
+    except sqlite3.Error as e:
+        raise DatabaseError(f"cannot open database {path}: {one_line(e)}") from None
+    try:
+        tables = {
+            r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        }
+        if not tables:
+            return True
+        if not {"meta", "workloads", "records"} <= tables:
+            raise DatabaseError(f"not a stormdrop database (missing tables): {path}")
+        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row is None or row[0] != str(SCHEMA_VERSION):
+            found = "none" if row is None else row[0]
+            raise DatabaseError(
+                f"database {path} has schema version {found}, expected {SCHEMA_VERSION}"
+            )
+        return False
+    except sqlite3.Error as e:
+        raise DatabaseError(f"corrupt database {path}: {one_line(e)}") from None
+    finally:
+        conn.close()

@@ -181,10 +181,10 @@ class _RunnerState:
         import tvm
 
         rt_mod = self._load(built["timed"])
+        args = [tvm.runtime.tensor(a, self.dev) for a in self.inputs[key]]
         wrong = ""
         if check:
             check_mod = self._load(built["check"]) if built.get("check") else rt_mod
-            args = [tvm.runtime.tensor(a, self.dev) for a in self.inputs[key]]
             check_mod["main"](*args)
             self.dev.sync()
             for i in self.outputs[key]:
@@ -208,7 +208,8 @@ class _RunnerState:
             "main", self.dev, number=int(number), repeat=int(repeat), min_repeat_ms=int(min_repeat_ms),
             f_preproc="cache_flush_cpu_non_first_arg" if cache_flush else "",
         )
-        secs = [float(x) for x in evaluator(*self._timing_args(key, built["args"])).results]
+        timing_args = self._timing_args(key, built["args"]) if built.get("check") else args
+        secs = [float(x) for x in evaluator(*timing_args).results]
         if self.session is not None:
             for path in (built["timed"], built.get("check")):
                 if path:

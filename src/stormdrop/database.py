@@ -16,34 +16,19 @@ import math
 import os
 import sqlite3
 import threading
-import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import tvm
 import tvm.s_tir.meta_schedule as ms
 import tvm_ffi
 
-from ._schema import (
-    RECORD_COLS,
-    SCHEMA,
-    SCHEMA_VERSION,
-    SQLITE_MAGIC,
-    WORKLOAD_COLS,
-    record_from_row,
-)
+from ._schema import RECORD_COLS, WORKLOAD_COLS, one_line, open_connection, record_from_row
 from .errors import DatabaseError
 from .records import ErrorKind, Phase, Record
 from .target import canonical, from_canonical
-
-
-def _one_line(exc: BaseException | str) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[-1] if lines else text
 
 
 def canonical_target(target: tvm.target.Target | dict | str) -> str:
@@ -95,77 +80,7 @@ class Database:
         self._depth = 0
         self._mods: dict[int, tvm.IRModule] = {}
         self._conn: sqlite3.Connection | None = None
-        p = Path(self.path)
-        if p.is_dir():
-            raise DatabaseError(f"database path is a directory: {self.path}")
-        fresh = not p.exists()
-        if not fresh:
-            try:
-                with open(p, "rb") as f:
-                    header = f.read(len(SQLITE_MAGIC))
-            except OSError as e:
-                raise DatabaseError(f"cannot read database {self.path}: {_one_line(e)}") from None
-            fresh = header == b""
-            if not fresh and header != SQLITE_MAGIC:
-                raise DatabaseError(f"not an SQLite database: {self.path}")
-            if not fresh:
-                fresh = self._check_existing(p)
-        else:
-            try:
-                p.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise DatabaseError(f"cannot create database {self.path}: {_one_line(e)}") from None
-        try:
-            conn = sqlite3.connect(
-                self.path, timeout=60.0, isolation_level=None, check_same_thread=False
-            )
-        except sqlite3.Error as e:
-            raise DatabaseError(f"cannot open database {self.path}: {_one_line(e)}") from None
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("PRAGMA foreign_keys=ON")
-            if fresh:
-                conn.execute("BEGIN IMMEDIATE")
-                for stmt in SCHEMA.split(";"):
-                    if stmt.strip():
-                        conn.execute(stmt)
-                conn.execute(
-                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
-                    (str(SCHEMA_VERSION),),
-                )
-                conn.execute("COMMIT")
-        except sqlite3.Error as e:
-            conn.close()
-            raise DatabaseError(f"cannot open database {self.path}: {_one_line(e)}") from None
-        self._conn = conn
-
-    def _check_existing(self, p: Path) -> bool:
-        """Validate an existing SQLite file read-only; True if it holds no tables yet."""
-        uri = "file:" + urllib.parse.quote(str(p.resolve())) + "?mode=ro"
-        try:
-            conn = sqlite3.connect(uri, uri=True, timeout=60.0)
-        except sqlite3.Error as e:
-            raise DatabaseError(f"cannot open database {self.path}: {_one_line(e)}") from None
-        try:
-            tables = {
-                r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
-            }
-            if not tables:
-                return True
-            if not {"meta", "workloads", "records"} <= tables:
-                raise DatabaseError(f"not a stormdrop database (missing tables): {self.path}")
-            row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            if row is None or row[0] != str(SCHEMA_VERSION):
-                found = "none" if row is None else row[0]
-                raise DatabaseError(
-                    f"database {self.path} has schema version {found}, expected {SCHEMA_VERSION}"
-                )
-            return False
-        except sqlite3.Error as e:
-            raise DatabaseError(f"corrupt database {self.path}: {_one_line(e)}") from None
-        finally:
-            conn.close()
+        self._conn = open_connection(self.path)
 
     # -- connection management ------------------------------------------------------------
 
@@ -202,7 +117,7 @@ class Database:
             try:
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as e:
-                raise DatabaseError(f"database {self.path}: {_one_line(e)}") from None
+                raise DatabaseError(f"database {self.path}: {one_line(e)}") from None
             self._depth = 1
             try:
                 yield
@@ -215,7 +130,7 @@ class Database:
                 conn.execute("COMMIT")
             except sqlite3.Error as e:
                 self._rollback()
-                raise DatabaseError(f"database {self.path}: {_one_line(e)}") from None
+                raise DatabaseError(f"database {self.path}: {one_line(e)}") from None
 
     def _rollback(self) -> None:
         self._mods.clear()  # ids of rolled-back workloads may be reused
@@ -231,7 +146,7 @@ class Database:
             try:
                 return self._c().execute(sql, params).fetchall()
             except sqlite3.Error as e:
-                raise DatabaseError(f"database {self.path}: {_one_line(e)}") from None
+                raise DatabaseError(f"database {self.path}: {one_line(e)}") from None
 
     # -- workloads ------------------------------------------------------------------------
 
@@ -272,7 +187,7 @@ class Database:
                     (name, op_class, int(flops), shash, tvm.ir.save_json(mod)),
                 )
             except sqlite3.Error as e:
-                raise DatabaseError(f"database {self.path}: {_one_line(e)}") from None
+                raise DatabaseError(f"database {self.path}: {one_line(e)}") from None
             wid = int(cur.lastrowid)
             self._mods[wid] = mod
             return WorkloadEntry(wid, name, op_class, int(flops), shash, mod)
@@ -322,10 +237,10 @@ class Database:
                 )
             except sqlite3.IntegrityError as e:
                 raise DatabaseError(
-                    f"cannot store record for workload {record.workload_id}: {_one_line(e)}"
+                    f"cannot store record for workload {record.workload_id}: {one_line(e)}"
                 ) from None
             except sqlite3.Error as e:
-                raise DatabaseError(f"database {self.path}: {_one_line(e)}") from None
+                raise DatabaseError(f"database {self.path}: {one_line(e)}") from None
             if cur.rowcount == 1:
                 return replace(record, record_id=int(cur.lastrowid)), True
             stored = self.lookup(record.workload_id, record.target, record.candidate_key)

@@ -16,6 +16,7 @@ with AVX2-class SIMD; it is used for LLVM targets on x86 and nothing else.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import platform
@@ -84,10 +85,16 @@ def load(path: str | Path = X86_PRIOR) -> list[PriorGroup]:
     return groups
 
 
+@functools.lru_cache(maxsize=1)
+def _shipped() -> list[PriorGroup]:
+    """The shipped file, read once per process (a model has one storm per task)."""
+    return load(X86_PRIOR)
+
+
 def for_target(target: Target) -> list[PriorGroup]:
     """The shipped prior for ``target``, or [] when none applies."""
     if not applies_to(target):
         return []
-    groups = load(X86_PRIOR)
+    groups = _shipped()
     log.debug("cost-model prior: %d workloads, %d schedules", len(groups), sum(len(g.costs) for g in groups))
     return groups

@@ -1,0 +1,72 @@
+"""Shared fixtures and helpers of the database tests: a matmul workload, its traces, records."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import tvm
+import tvm.s_tir.meta_schedule as ms
+from tvm import te
+from tvm.target import Target
+
+from stormdrop import _tvm
+from stormdrop.database import Database, candidate_key, canonical_target
+from stormdrop.records import ErrorKind, MeasureResult, Phase, Record
+
+TARGET = Target({"kind": "llvm", "num-cores": 2})
+TARGET_KEY = canonical_target(TARGET)
+# dyadic times are exact in MetaSchedule's float32 run_secs too
+SECS = [(2**-10, 2**-10), (2**-12, 2**-11), (2**-9,)]
+
+
+def matmul_mod(n: int = 128) -> tvm.IRModule:
+    a = te.placeholder((n, n), name="A")
+    b = te.placeholder((n, n), name="B")
+    k = te.reduce_axis((0, n), name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    return tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+
+
+def args_info_json(mod: tvm.IRModule) -> str:
+    infos = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    return json.dumps([_tvm.to_py(a.as_json()) for a in infos])
+
+
+def make_record(wid: int, mod, trace: str, result: MeasureResult, at: float = 1.0) -> Record:
+    return Record(
+        workload_id=wid,
+        target=TARGET_KEY,
+        candidate_key=candidate_key(trace),
+        trace_json=trace,
+        args_info_json=args_info_json(mod),
+        result=result,
+        phase=Phase.STORM,
+        measured_at=at,
+        versions="tvm=0.27.0",
+    )
+
+
+def fill(db: Database, mod, traces: list[str]) -> tuple[int, list[Record]]:
+    """One workload with 3 valid records and 1 failure; returns (workload_id, stored)."""
+    wid = db.commit_workload(
+        mod, name="matmul_128", op_class="matmul", flops=2 * 128**3
+    ).workload_id
+    stored = [
+        db.commit_record(make_record(wid, mod, t, MeasureResult(run_secs=s), at=float(i)))
+        for i, (t, s) in enumerate(zip(traces, SECS, strict=False))
+    ]
+    fail = make_record(
+        wid, mod, traces[0] + " ", MeasureResult.failure(ErrorKind.BUILD_ERROR, "boom"), at=9.0
+    )
+    stored.append(db.commit_record(fail))
+    return wid, stored
+
+
+def dump(path: Path) -> list[str]:
+    conn = sqlite3.connect(path)
+    try:
+        return list(conn.iterdump())
+    finally:
+        conn.close()
