@@ -57,3 +57,13 @@ def test_history_is_monotone():
     for lat in (3e-3, 2e-3, 5e-3, math.inf, 1e-3):
         sched.tell(0, lat)
     assert t.history == [3e-3, 2e-3, 2e-3, 2e-3, 1e-3]
+
+
+def test_short_budget_shrinks_the_first_batch_so_every_task_is_reached():
+    from stormdrop.model_tune import first_batch_size
+
+    assert first_batch_size(320, 19, 16) is None  # 19 x 16 = 304 fit: full batches
+    assert first_batch_size(256, 19, 16) == 13  # 19 x 13 = 247 <= 256
+    assert first_batch_size(256, 19, 16) * 19 <= 256
+    assert first_batch_size(10, 40, 16) == 2  # never fewer than two candidates a task
+    assert first_batch_size(100, 0, 16) is None

@@ -48,10 +48,26 @@ def commit_best(mdb: ms.database.Database, mod: tvm.IRModule, trace_json: str, l
         sch.trace, wl, [latency_s], target, ms.arg_info.ArgInfo.from_prim_func(mod["main"])))
 
 
+def prepack_weights(target: Target) -> bool:
+    """Whether weights are packed at compile time for this target (CPU: yes, as MetaSchedule's
+    ``static_shape_tuning_pipeline(cpu_weight_prepack=True)`` does)."""
+    return target.kind.name == "llvm"
+
+
 def compile_model(fused: tvm.IRModule, mdb: Any, target: Target) -> Any:
+    """Compile the fused module with the database's schedules.
+
+    On CPU, tasks' weights are layout-free (``extract_tasks``): a tuned schedule may
+    rewrite a weight's layout (MetaSchedule's RewriteLayout). The rewrite is split off
+    each kernel into its own function and, the weights being constants, folded away
+    at compile time, so the deployed model reads pre-packed weights.
+    """
     with target, mdb, tvm.transform.PassContext(opt_level=3):
-        applied = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(fused)
-    return tvm.compile(applied, target=target)
+        mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(fused)
+        if prepack_weights(target):
+            mod = tvm.transform.Sequential([relax.transform.SplitLayoutRewritePreproc(),
+                                            relax.transform.FoldConstant()])(mod)
+    return tvm.compile(mod, target=target)
 
 
 def run_model(ex: Any, inputs: dict[str, np.ndarray], target: Target, *, time_it: bool = True

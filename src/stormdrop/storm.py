@@ -162,8 +162,8 @@ class Storm:
                 self.database.commit_tuning_record(ms.database.TuningRecord(
                     cand.sch.trace, self.workload, list(result.run_secs), self.target, cand.args_info))
 
-    def propose(self) -> list[Candidate] | None:
-        """The next batch to measure, or None when the storm is over."""
+    def propose(self, limit: int | None = None) -> list[Candidate] | None:
+        """The next batch to measure (at most ``limit``), or None when the storm is over."""
         if self.remaining <= 0:
             return None
         ctx = self._cold_ctx if self._cold_ctx is not None and self._cold() else self.ctx
@@ -172,7 +172,7 @@ class Storm:
         if not batch:
             self.remaining = 0
             return None
-        self._pending = list(batch)[:self.remaining]  # absorbed (reused) trials came out of the budget
+        self._pending = list(batch)[:min(self.remaining, limit or self.remaining)]  # absorbed (reused) trials came out of the budget
         batch = self._pending
         return [Candidate.from_schedule(c.sch, Phase.STORM, c.args_info) for c in batch]
 

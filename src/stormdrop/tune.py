@@ -143,8 +143,10 @@ class TaskTuner:
     """
 
     def __init__(self, task: TaskSession, *, trials: int, exploit_trials: int,
-                 storm: StormConfig | None = None, raindrop: RaindropConfig | None = None, reuse: int = 8) -> None:
+                 storm: StormConfig | None = None, raindrop: RaindropConfig | None = None, reuse: int = 8,
+                 first_batch: int | None = None) -> None:
         self.task, self.trials, self.exploit_trials = task, trials, exploit_trials
+        self.first_batch = first_batch  # size of the task's first storm batch (default: the storm's batch)
         self.reuse_donors = reuse  # transfer the best schedules of at most this many same-class workloads
         self.reused = reuse <= 0
         self.storm_config = storm or StormConfig()
@@ -169,7 +171,7 @@ class TaskTuner:
             if self._reuse():
                 return True
         if self.drop is None:
-            cands = self.storm.propose()
+            cands = self.storm.propose(limit=self.first_batch if self.rounds == 0 else None)
             if cands is not None:
                 self.storm.tell(cands, self.task.evaluate(cands))
                 self.rounds += 1
