@@ -38,6 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/RESULTS.md")
     p.add_argument("--json", default=None)
+    p.add_argument("--merge-json", default=None,
+                   help="a JSON written by an earlier run of this script (same target): its models are "
+                        "not run again, their rows are put first in the table")
     return p.parse_args(argv)
 
 
@@ -78,7 +81,8 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
     from stormdrop.model_tune import tune_model
     from stormdrop.workloads.models import load_model
 
-    kw = {k: v for k, v in (("resolution", args.resolution), ("seq_len", args.seq_len)) if v}
+    size = ("seq_len", args.seq_len) if name == "bert_base" else ("resolution", args.resolution)
+    kw = {size[0]: size[1]} if size[1] else {}
     model = load_model(name, seed=args.seed, **kw)
     inputs = random_inputs(model, args.seed)
     ref, ort_s = run_onnxruntime(model.onnx_model, inputs, num_cores(target))
@@ -139,7 +143,16 @@ def main(argv: list[str] | None = None) -> int:
     pin_threads(physical_cores())
     target = host_target()
     rows, raw = [], []
-    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+    if args.merge_json:
+        with open(args.merge_json) as f:
+            earlier = json.load(f)
+        if earlier["target"] != canonical(target):
+            print(f"error: {args.merge_json} was measured on another target: {earlier['target']}", file=sys.stderr)
+            return 2
+        raw = list(earlier["models"])
+        rows = [row(r) for r in raw]
+    done = {r["model"] for r in raw}
+    for name in [m.strip() for m in args.models.split(",") if m.strip() and m.strip() not in done]:
         print(f"[{name}]", flush=True)
         r = bench_one(name, args, target)
         raw.append({k: ({kk: vv for kk, vv in v.items() if kk != "ex"} if isinstance(v, dict) else v)
@@ -151,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
                 json.dump({"command": " ".join(sys.argv), "target": canonical(target), "models": raw}, f, indent=1)
     size = f"resolution {args.resolution or 'paper'}, BERT seq {args.seq_len or 128}"
     lines = ["", f"## Models, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
-             f"- machine: {machine()}; target: `{canonical(target)}`", f"- command: `{' '.join(sys.argv)}`",
+             f"- machine: {machine()}; target: `{canonical(target)}`", f"- command: `{' '.join(sys.argv)}`"
+             + (f" (rows {', '.join(sorted(done))} from the earlier run that wrote {args.merge_json}: "
+                f"`{earlier['command']}`)" if args.merge_json else ""),
              f"- {size}; global budget {args.trials} trials (stormdrop at most {args.trials_per_task} per task; "
              f"MetaSchedule num_trials_per_iter={args.ms_batch}); "
              "latencies in ms on the Relax VM (median of 5 x >= 100 ms), ONNX Runtime with the same thread count; "
