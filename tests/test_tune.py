@@ -120,8 +120,8 @@ def test_a_wrong_kernel_is_never_chosen(tmp_path, monkeypatch):
     original = Storm.propose
     injected = []
 
-    def propose(self):
-        batch = original(self)
+    def propose(self, limit=None):
+        batch = original(self, limit)
         if batch and not injected:
             batch[0].sch = tvm.s_tir.Schedule(wrong)  # measured as if it were the first candidate
             injected.append(batch[0].key)

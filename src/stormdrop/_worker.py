@@ -59,15 +59,16 @@ def serve(conn: Any, role: str, target_json: str, rpc: dict | None) -> None:
 
 
 def _build(target: Any, mod_json: str, out_path: str) -> dict:
-    """Build a candidate; returns ``{"timed": path, "check": path | None, "args": [[shape, dtype]...]}``.
+    """Build a candidate; returns ``{"timed": path, "check": function | None, "args": [[shape, dtype]...]}``.
 
     MetaSchedule's ``RewriteLayout`` postprocessor packs weights marked
     ``layout_free_placeholders`` (e.g. TOPI's NHWC convolution) through a
     preprocessing block. As in MetaSchedule's builder, the timed library has it
     removed: it takes the weights already packed (their shapes in ``args``),
     the way a compiled model holds them. Its outputs cannot be compared with the
-    reference on the original inputs, so a second library that keeps the block
-    (takes the weights as given) is built for the correctness check.
+    reference on the original inputs, so a second function that keeps the block
+    (takes the weights as given), ``main_check``, is built into the same library
+    for the correctness check (one build and one link instead of two).
     """
     import tvm
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
@@ -77,12 +78,12 @@ def _build(target: Any, mod_json: str, out_path: str) -> dict:
     timed = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     before = [(tuple(int(x) for x in a.shape), str(a.dtype)) for a in ArgInfo.from_prim_func(mod["main"])]
     after = [(tuple(int(x) for x in a.shape), str(a.dtype)) for a in ArgInfo.from_prim_func(timed["main"])]
+    packed = before != after
+    if packed:
+        timed = tvm.IRModule({"main": timed["main"],
+                              "main_check": mod["main"].with_attr("global_symbol", "main_check")})
     tvm.build(timed, target=target).export_library(out_path)
-    check = None
-    if before != after:
-        check = out_path[:-3] + "_check.so"
-        tvm.build(mod, target=target).export_library(check)
-    return {"timed": out_path, "check": check, "args": [[list(s), d] for s, d in after]}
+    return {"timed": out_path, "check": "main_check" if packed else None, "args": [[list(s), d] for s, d in after]}
 
 
 class _RunnerState:
@@ -184,8 +185,7 @@ class _RunnerState:
         args = [tvm.runtime.tensor(a, self.dev) for a in self.inputs[key]]
         wrong = ""
         if check:
-            check_mod = self._load(built["check"]) if built.get("check") else rt_mod
-            check_mod["main"](*args)
+            rt_mod[built.get("check") or "main"](*args)
             self.dev.sync()
             for i in self.outputs[key]:
                 got, want = args[i].numpy(), self.expected[key][i]
@@ -211,9 +211,7 @@ class _RunnerState:
         timing_args = self._timing_args(key, built["args"]) if built.get("check") else args
         secs = [float(x) for x in evaluator(*timing_args).results]
         if self.session is not None:
-            for path in (built["timed"], built.get("check")):
-                if path:
-                    self.session.remove(os.path.basename(path))
+            self.session.remove(os.path.basename(built["timed"]))
         return {"run_secs": secs}
 
 

@@ -208,12 +208,10 @@ class Gateway:
             "run", (key, built, cfg.number, cfg.repeat, cfg.min_repeat_ms, cfg.cache_flush, cfg.check_correctness),
             timeout=cfg.run_timeout_s,
         )
-        for path in (built["timed"], built.get("check")):
-            try:
-                if path:
-                    os.remove(path)
-            except OSError:
-                pass
+        try:
+            os.remove(built["timed"])
+        except OSError:
+            pass
         if status == "timeout":
             return MeasureResult.failure(ErrorKind.RUN_TIMEOUT, str(value))
         if status != "ok":
