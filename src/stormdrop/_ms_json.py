@@ -20,9 +20,8 @@ import tvm
 import tvm.s_tir.meta_schedule as ms
 
 from . import _tvm
-from ._schema import one_line
 from .database import Database, WorkloadEntry, candidate_key, canonical_target
-from .errors import DatabaseError
+from .errors import DatabaseError, one_line
 from .records import ErrorKind, MeasureResult, Phase, Record
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ import sqlite3
 import urllib.parse
 from pathlib import Path
 
-from .errors import DatabaseError
+from .errors import DatabaseError, one_line
 from .records import ErrorKind, MeasureResult, Phase, Record
 
 SCHEMA_VERSION = 1
@@ -72,12 +72,6 @@ def record_from_row(row: tuple) -> Record:
         versions=ver,
         record_id=int(rid),
     )
-
-
-def one_line(exc: BaseException | str) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[-1] if lines else text
 
 
 def open_connection(path: str) -> sqlite3.Connection:

@@ -21,6 +21,7 @@ def serve(conn: Any, role: str, target_json: str, rpc: dict | None) -> None:
     import tvm  # noqa: F401  (imported once per worker; TVM_NUM_THREADS is set by the parent)
 
     from . import _tvm
+    from .errors import one_line
     from .target import from_canonical
 
     logging.disable(logging.WARNING)  # TVM's Python warnings (e.g. RPC retries) would reach the user's terminal
@@ -31,8 +32,7 @@ def serve(conn: Any, role: str, target_json: str, rpc: dict | None) -> None:
         try:
             state = _RunnerState(target, rpc)
         except Exception as err:  # noqa: BLE001 - e.g. no RPC tracker there: every request gets the reason
-            lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-            setup_error = f"runner set-up failed: {type(err).__name__}: {lines[-1] if lines else ''}"
+            setup_error = f"runner set-up failed: {type(err).__name__}: {one_line(err)}"
     while True:
         try:
             command, payload = conn.recv()

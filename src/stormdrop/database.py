@@ -25,8 +25,8 @@ import tvm
 import tvm.s_tir.meta_schedule as ms
 import tvm_ffi
 
-from ._schema import RECORD_COLS, WORKLOAD_COLS, one_line, open_connection, record_from_row
-from .errors import DatabaseError
+from ._schema import RECORD_COLS, WORKLOAD_COLS, open_connection, record_from_row
+from .errors import DatabaseError, one_line
 from .records import ErrorKind, Phase, Record
 from .target import canonical, from_canonical
 

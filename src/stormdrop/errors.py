@@ -27,6 +27,13 @@ class TuningError(StormdropError):
     exit_code = 1
 
 
+def one_line(exc: BaseException | str) -> str:
+    """The last non-empty line of an error (TVM's messages end with the reason)."""
+    text = str(exc).strip() or type(exc).__name__
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else text
+
+
 class MeasureError(StormdropError):
     """The measurement set-up failed: no reference output, an unreachable RPC tracker or device."""
 

@@ -30,7 +30,7 @@ import tvm
 from tvm.target import Target
 
 from . import _tvm
-from .errors import MeasureError
+from .errors import MeasureError, one_line
 from .records import ErrorKind, MeasureResult
 from .target import canonical, physical_cores
 
@@ -156,8 +156,8 @@ class Gateway:
         status, value = self._runner.call("reference", (key, *self._workloads[key]),
                                           timeout=max(600.0, self.config.run_timeout_s))
         if status != "ok":
-            lines = [ln.strip() for ln in str(value).splitlines() if ln.strip()]
-            raise MeasureError(f"cannot compute the reference output of {key}: {lines[-1] if lines else status}")
+            reason = one_line(value) if str(value).strip() else status
+            raise MeasureError(f"cannot compute the reference output of {key}: {reason}")
         self._references.add(key)
 
     def measure(self, key: str, mods: list[tvm.IRModule]) -> list[MeasureResult]:

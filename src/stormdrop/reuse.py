@@ -21,6 +21,7 @@ from tvm.s_tir import Schedule
 
 from . import _tvm
 from .database import Database, WorkloadEntry
+from .errors import one_line
 from .records import Phase
 from .space import Candidate
 
@@ -68,7 +69,7 @@ def transfer(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModule, 
             return None
         return sch
     except Exception as err:  # noqa: BLE001 - a trace that does not fit this workload is no candidate
-        log.debug("transfer failed: %s", str(err).strip().splitlines()[-1:] or err)
+        log.debug("transfer failed: %s", one_line(err))
         return None
 
 

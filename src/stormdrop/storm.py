@@ -122,7 +122,6 @@ class Storm:
         self.remaining = trials
         self._learn(history)
         self._cold_ctx: ms.TuneContext | None = None
-        self._pending_ctx = self.ctx
         if trials > 0:
             spaces = self.ctx.generate_design_space()
             self.ctx.pre_tuning(max_trials=trials, num_trials_per_iter=cfg.batch_size, design_spaces=spaces,
@@ -134,13 +133,16 @@ class Storm:
                 # evolution's own initial population does.
                 self._cold_ctx = make_context(mod, target, seed=seed, strategy=ms.search_strategy.ReplayTrace())
                 self._cold_ctx.pre_tuning(max_trials=trials, num_trials_per_iter=cfg.batch_size,
-                                          design_spaces=self._cold_ctx.generate_design_space(),
-                                          database=self.database, cost_model=None)
+                                          design_spaces=spaces, database=self.database, cost_model=None)
 
     def _cold(self) -> bool:
         """True while the cost model predicts at random (XGBoost before its warm-up samples)."""
         model = self.cost_model
         return isinstance(model, ms.cost_model.XGBModel) and model.data_size < model.num_warmup_samples
+
+    def _search(self) -> ms.TuneContext:
+        """The context that proposes (and is told) the current batch: random while cold, else evolution."""
+        return self._cold_ctx if self._cold_ctx is not None and self._cold() else self.ctx
 
     def _learn(self, history: list[tuple[Candidate, MeasureResult]]) -> None:
         """Warm start from stored measurements: seed the population and train the model."""
@@ -166,21 +168,19 @@ class Storm:
         """The next batch to measure (at most ``limit``), or None when the storm is over."""
         if self.remaining <= 0:
             return None
-        ctx = self._cold_ctx if self._cold_ctx is not None and self._cold() else self.ctx
-        batch = ctx.generate_measure_candidates()
-        self._pending_ctx = ctx
+        batch = self._search().generate_measure_candidates()
         if not batch:
             self.remaining = 0
             return None
-        self._pending = list(batch)[:min(self.remaining, limit or self.remaining)]  # absorbed (reused) trials came out of the budget
-        batch = self._pending
-        return [Candidate.from_schedule(c.sch, Phase.STORM, c.args_info) for c in batch]
+        # absorbed (reused) trials came out of the budget
+        self._pending = list(batch)[:min(self.remaining, limit or self.remaining)]
+        return [Candidate.from_schedule(c.sch, Phase.STORM, c.args_info) for c in self._pending]
 
     def tell(self, candidates: list[Candidate], results: list[MeasureResult]) -> None:
         """Results of the last proposed batch, in the same order."""
         cands = self._pending
         runner_results = [to_runner_result(r) for r in results]
-        self._pending_ctx.notify_runner_results(cands, runner_results)
+        self._search().notify_runner_results(cands, runner_results)  # before the update: same context
         self.cost_model.update(self.ctx, cands, runner_results)
         self._commit(cands, results)
         self.remaining -= len(cands)
