@@ -24,7 +24,7 @@ def mod() -> tvm.IRModule:
 @pytest.fixture(scope="module")
 def traces(mod: tvm.IRModule) -> list[str]:
     """Full (post-processed) trace JSON of each design space of the matmul."""
-    _tvm.load_tensor_intrinsics("llvm")
+    _tvm.load_tensor_intrinsics(TARGET)
     ctx = ms.TuneContext(
         mod,
         target=TARGET,

@@ -73,7 +73,7 @@ def test_storm_with_prior_predicts_before_any_measurement():
     assert cands
     a, b = storm.predict(cands), storm.predict(cands)
     assert a == b  # a trained model, not MetaSchedule's random scores of a cold one
-    cold = Storm(kernel.mod, host_target(), trials=16, seed=0, config=StormConfig(population_size=32))
+    cold = Storm(kernel.mod, host_target(), trials=16, seed=0, config=StormConfig(population_size=32, prior=False))
     assert cold.predict(cands) != cold.predict(cands)
     storm.close()
     cold.close()
@@ -97,3 +97,19 @@ def test_prior_never_saw_a_benchmark_kernel():
     assert not train & bench
     shipped = {g.name for g in prior.load()}
     assert shipped <= train  # the shipped data comes from these kernels only
+
+
+@pytest.mark.skipif(not prior.applies_to(host_target()), reason="the shipped prior is for x86 hosts")
+def test_prior_picks_the_first_batch_from_a_larger_random_pool():
+    """The first batch is the prior's top picks of prior_pool x batch_size random samples, best first."""
+    kernel = parse_kernel("matmul:M=64,N=64,K=64")
+    cfg = dict(population_size=32, batch_size=6)
+    ranked = Storm(kernel.mod, host_target(), trials=12, seed=3, config=StormConfig(prior=True, prior_pool=4, **cfg))
+    plain = Storm(kernel.mod, host_target(), trials=12, seed=3, config=StormConfig(prior=True, prior_pool=1, **cfg))
+    top, first = ranked.propose(), plain.propose()
+    assert len(top) == len(first) == 6
+    scores = ranked.predict(top)
+    assert scores == sorted(scores, reverse=True)
+    assert np.mean(scores) > np.mean(ranked.predict(first))  # a pool of 24 beats its first 6 at random
+    ranked.close()
+    plain.close()

@@ -363,3 +363,10 @@ def test_user_file_import_error(tmp_path: Path):
     path.write_text("import no_such_module_xyz\n")
     with pytest.raises(SpecError, match="error while importing user file .*ModuleNotFoundError"):
         parse_kernel(f"{path}:f")
+
+
+def test_tensor_intrinsics_of_the_target_cpu_family_only():
+    from stormdrop._tvm import _cpu_family
+
+    assert _cpu_family(tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu"})) == "x86"
+    assert _cpu_family(tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})) == "arm_cpu"

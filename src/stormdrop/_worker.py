@@ -20,13 +20,11 @@ def serve(conn: Any, role: str, target_json: str, rpc: dict | None) -> None:
 
     import tvm  # noqa: F401  (imported once per worker; TVM_NUM_THREADS is set by the parent)
 
-    from . import _tvm
     from .errors import one_line
     from .target import from_canonical
 
     logging.disable(logging.WARNING)  # TVM's Python warnings (e.g. RPC retries) would reach the user's terminal
     target = from_canonical(target_json)
-    _tvm.load_tensor_intrinsics(target.kind.name)
     state, setup_error = None, ""
     if role == "runner":
         try:

@@ -64,8 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true")
     t.add_argument("--reuse", type=int, default=8, metavar="N",
                    help="first measure the best schedules of up to N same-class workloads in the database (0: off)")
-    t.add_argument("--prior", action="store_true",
-                   help="x86: start the storm's cost model from the shipped prior instead of cold")
+    t.add_argument("--no-prior", dest="prior", action="store_false",
+                   help="x86: start the storm's cost model cold instead of from the shipped prior")
     t.add_argument("--trials-per-task", type=_positive(int), default=128,
                    help="model: at most this many candidates per task, half storm, half raindrop")
     t.add_argument("--output", default=None, metavar="PATH", help="model: write the compiled model (.so)")

@@ -65,7 +65,7 @@ def _op_class(task_name: str) -> str:
 
 def extract_tasks(model: Model, target: Target) -> tuple[tvm.IRModule, list[tuple[Kernel, int]]]:
     """The fused module and its tuning tasks: (kernel, weight), identical workloads merged."""
-    _tvm.load_tensor_intrinsics(target.kind.name)
+    _tvm.load_tensor_intrinsics(target)
     with target:
         fused = relax.get_pipeline("zero")(relax.transform.CanonicalizeBindings()(model.mod))
         if prepack_weights(target):  # weights and constants become layout-free buffers of the kernels
