@@ -120,3 +120,17 @@ def test_zoo_cli_lists_and_exports(tmp_path):
                         "--resolution", "32"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert load_model(str(out)).inputs["input"][0] == (1, 3, 32, 32)
+
+
+def test_cli_time_budget_without_trials_has_no_global_cap(tmp_path):
+    """--time-budget alone: every task reaches its --trials-per-task cap; the .so export is quiet."""
+    path = tiny_net(str(tmp_path / "tiny.onnx"))
+    js, so = tmp_path / "t.json", tmp_path / "t.so"
+    r = subprocess.run([sys.executable, "-m", "stormdrop", "tune", "--model", path, "--time-budget", "300",
+                        "--trials-per-task", "2", "--db", str(tmp_path / "t.db"), "--output", str(so),
+                        "--json", str(js), "--no-progress"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(js.read_text())
+    assert all(t["trials"]["storm"] + t["trials"]["raindrop"] == 2 for t in doc["tasks"])
+    assert so.stat().st_size > 0
+    assert "Scope Saving" not in r.stderr

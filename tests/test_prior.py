@@ -113,3 +113,22 @@ def test_prior_picks_the_first_batch_from_a_larger_random_pool():
     assert np.mean(scores) > np.mean(ranked.predict(first))  # a pool of 24 beats its first 6 at random
     ranked.close()
     plain.close()
+
+
+@pytest.mark.parametrize("with_prior", [True, False])
+def test_first_batch_is_reproducible_from_the_seed(with_prior):
+    """Same seed, same first batch (random samples, ranked by the prior or not); another seed differs."""
+    kernel = parse_kernel("conv2d:N=1,C=16,H=14,W=14,K=16,R=3,S=3,stride=1,pad=1")
+    cfg = StormConfig(prior=with_prior, prior_pool=4, population_size=32, batch_size=8)
+
+    def first(seed):
+        storm = Storm(kernel.mod, host_target(), trials=8, seed=seed, config=cfg)
+        try:
+            return [c.key for c in storm.propose()]
+        finally:
+            storm.close()
+
+    a, b = first(5), first(5)
+    assert len(a) == 8
+    assert a == b
+    assert first(6) != a

@@ -67,3 +67,4 @@ def test_short_budget_shrinks_the_first_batch_so_every_task_is_reached():
     assert first_batch_size(256, 19, 16) * 19 <= 256
     assert first_batch_size(10, 40, 16) == 2  # never fewer than two candidates a task
     assert first_batch_size(100, 0, 16) is None
+    assert first_batch_size(None, 19, 16) is None  # no global cap (a time budget decides)

@@ -13,6 +13,9 @@
 - ``Trace.as_json`` holds ``IntImm``/``FloatImm`` that ``json.dumps`` cannot
   serialize, and ``tvm.ir.load_json`` of a saved Trace segfaults when replayed:
   traces travel as plain JSON (``trace_to_json`` / ``schedule_from_trace_json``).
+- ``VMExecutable.export_library`` logs ``Warning: Scope Saving:`` from C++ once per
+  saved item (a few hundred lines for ResNet-18) straight to file descriptor 2:
+  ``export_library`` runs it with those lines filtered out of stderr.
 """
 
 from __future__ import annotations
@@ -108,3 +111,29 @@ def schedule_from_trace_json(mod: tvm.IRModule, text: str) -> Schedule:
     sch = Schedule(mod)
     Trace.apply_json_to_schedule(json.loads(text), sch)
     return sch
+
+
+_EXPORT_NOISE = "Warning: Scope Saving:"
+
+
+def export_library(executable: Any, path: str) -> None:
+    """``executable.export_library(path)`` without TVM's per-item "Scope Saving" warnings.
+
+    The C++ logger writes to file descriptor 2, out of Python's reach: fd 2 points to a
+    temporary file during the call, and every other line is written back to stderr.
+    """
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            executable.export_library(path)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [ln for ln in tmp.read().decode(errors="replace").splitlines(keepends=True)
+                    if _EXPORT_NOISE not in ln]
+            sys.stderr.write("".join(kept))

@@ -45,10 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--model", metavar="NAME|PATH", help="a zoo name (see `stormdrop zoo list`) or an .onnx file")
     t.add_argument("--target", default=None, help='TVM target as JSON dict or tag, "llvm" or "cuda" (default: host CPU)')
     t.add_argument("--trials", type=_positive(int), default=None,
-                   help="kernel: storm (exploration) candidates (default 64); model: all tasks together (default 1000)")
+                   help="kernel: storm (exploration) candidates (default 64); model: all tasks together "
+                        "(default 1000, or no cap when --time-budget is given)")
     t.add_argument("--exploit-trials", type=_positive(int), default=None,
                    help="raindrop (exploitation) candidates at most (default: same as --trials)")
-    t.add_argument("--time-budget", type=_positive(float), default=None, metavar="SECONDS")
+    t.add_argument("--time-budget", type=_positive(float), default=None, metavar="SECONDS",
+                   help="stop tuning after this many seconds (then verify, compile and time the best)")
     t.add_argument("--db", default=None, help="SQLite database (default: per-user data directory)")
     t.add_argument("--json", default=None, metavar="PATH", help="write the result as JSON")
     t.add_argument("--seed", type=int, default=0)
@@ -163,7 +165,9 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
     target = parse_target(args.target)
     model = load_model(args.model, input_shapes=parse_input_shapes(args.input_shape), batch=args.batch,
                        resolution=args.resolution, seq_len=args.seq_len, seed=args.seed)
-    result = tune_model(model, target=target, trials=1000 if args.trials is None else args.trials,
+    # --time-budget without --trials: the budget (and --trials-per-task) decide, no global cap
+    trials = args.trials if args.trials is not None else (None if args.time_budget else 1000)
+    result = tune_model(model, target=target, trials=trials,
                         trials_per_task=max(2, args.trials_per_task), time_budget=args.time_budget, db=args.db,
                         seed=args.seed, pvalue=args.pvalue, output=args.output, measure=_measure_config(args),
                         storm=StormConfig(batch_size=max(1, args.batch_size), prior=args.prior),

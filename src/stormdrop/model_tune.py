@@ -85,13 +85,16 @@ def extract_tasks(model: Model, target: Target) -> tuple[tvm.IRModule, list[tupl
     return fused, out
 
 
-def tune_model(spec: Any, *, target: Any = None, trials: int = 1000, trials_per_task: int = 128,
+def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, trials_per_task: int = 128,
                time_budget: float | None = None, db: Any = None, seed: int = 0, pvalue: float = 0.05,
                output: str | None = None, measure: MeasureConfig | None = None,
                storm: StormConfig | None = None, input_shapes: dict | None = None, batch: int = 1,
                resolution: int | None = None, seq_len: int | None = None, reuse: int = 8,
                progress: bool = False) -> ModelResult:
-    """Tune every task of a model under a global trial and time budget, then compile and verify."""
+    """Tune every task of a model under a global trial and time budget, then compile and verify.
+
+    ``trials=None``: no global cap; the time budget and ``trials_per_task`` end the tuning.
+    """
     start = time.monotonic()
     tgt = parse_target(target)
     model = spec if isinstance(spec, Model) else load_model(
@@ -105,13 +108,14 @@ def tune_model(spec: Any, *, target: Any = None, trials: int = 1000, trials_per_
         with Gateway(tgt, measure) as gateway:
             sessions = [TaskSession(database, gateway, k, tgt, seed) for k, _ in tasks]
             first = first_batch_size(trials, len(tasks), (storm or StormConfig()).batch_size)
+            cap = float("inf") if trials is None else trials
             tuners = [TaskTuner(s, trials=storm_per_task, exploit_trials=trials_per_task - storm_per_task,
                                 storm=storm, raindrop=RaindropConfig(pvalue=pvalue), reuse=reuse, first_batch=first)
                       for s in sessions]
             states = [TaskState(w, max(k.flops, 1), k.op_class) for k, w in tasks]
             sched = GradientScheduler(states, seed=seed)
             used = 0
-            while used < trials and time.monotonic() < deadline:
+            while used < cap and time.monotonic() < deadline:
                 i = sched.next_task()
                 if i is None:
                     break
@@ -120,7 +124,7 @@ def tune_model(spec: Any, *, target: Any = None, trials: int = 1000, trials_per_
                 used += _measured(sessions[i]) - before
                 sched.tell(i, sessions[i].best, finished=tuners[i].done)
                 if progress:
-                    log.warning("[%4d/%d] %-40s %s", used, trials, sessions[i].kernel.name[:40],
+                    log.warning("[%4d/%s] %-40s %s", used, trials or "-", sessions[i].kernel.name[:40],
                                 sessions[i].status(tuners[i].phase))
             for t, s in zip(tuners, sessions):
                 t.finish()
@@ -136,7 +140,7 @@ def tune_model(spec: Any, *, target: Any = None, trials: int = 1000, trials_per_
     return result
 
 
-def first_batch_size(trials: int, num_tasks: int, batch: int) -> int | None:
+def first_batch_size(trials: int | None, num_tasks: int, batch: int) -> int | None:
     """A smaller first batch per task when the budget cannot give every task a full one.
 
     A task left without any schedule runs as a naive loop nest, often slower than the
@@ -144,7 +148,7 @@ def first_batch_size(trials: int, num_tasks: int, batch: int) -> int | None:
     16 cannot reach them all), so every task is reached first; at least 2 candidates
     each, in case one fails.
     """
-    if num_tasks <= 0 or trials >= num_tasks * batch:
+    if trials is None or num_tasks <= 0 or trials >= num_tasks * batch:
         return None
     return max(2, trials // num_tasks)
 
@@ -178,4 +182,4 @@ def _compile_and_verify(result: ModelResult, model: Model, fused: tvm.IRModule, 
     if not err <= 1e-3 * scale:
         raise TuningError(f"{model.name}: the tuned model's output differs from the reference (max |diff| {err:.3g})")
     if output:
-        ex.export_library(output)
+        _tvm.export_library(ex, output)

@@ -54,11 +54,16 @@ class StormConfig:
 
 
 def make_context(mod: tvm.IRModule, target: Target, *, seed: int, strategy: object = "evolutionary",
-                 name: str = "main") -> ms.TuneContext:
-    """A TuneContext for ``mod`` on ``target`` (design space + postprocessors initialised)."""
+                 name: str = "main", threads: int | None = None) -> ms.TuneContext:
+    """A TuneContext for ``mod`` on ``target`` (design space + postprocessors initialised).
+
+    MetaSchedule's searches draw with one random state per thread and hand out work to
+    threads dynamically, so only ``threads=1`` makes a seed reproduce the same samples.
+    """
     _tvm.load_tensor_intrinsics(target)
     return ms.TuneContext(mod, target=target, space_generator="post-order-apply",
-                          search_strategy=strategy, task_name=name, rand_state=seed, num_threads=physical_cores())
+                          search_strategy=strategy, task_name=name, rand_state=seed,
+                          num_threads=threads or physical_cores())
 
 
 _PRIOR_CACHE: dict[str, tuple[list, object]] = {}
@@ -141,8 +146,10 @@ class Storm:
                 # population against it is wasted work (15.4 s of a 512 x 4 search on a 3x3 conv
                 # here, against 0.1 s): sample the design space at random instead, as the
                 # evolution's own initial population does. A prior ranks a larger random pool.
+                # One thread: the same seed draws the same first batch (sampling 128 is cheap).
                 pool = cfg.batch_size * (max(1, cfg.prior_pool) if self._prior else 1)
-                self._cold_ctx = make_context(mod, target, seed=seed, strategy=ms.search_strategy.ReplayTrace())
+                self._cold_ctx = make_context(mod, target, seed=seed, strategy=ms.search_strategy.ReplayTrace(),
+                                              threads=1)
                 self._cold_ctx.pre_tuning(max_trials=max(trials, pool), num_trials_per_iter=pool,
                                           design_spaces=spaces, database=self.database, cost_model=None)
 
