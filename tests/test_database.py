@@ -98,17 +98,24 @@ def test_persistence_and_second_connection(tmp_path: Path, mod, traces) -> None:
 # -- refusing bad files -------------------------------------------------------------------
 
 
-def test_wrong_schema_version(tmp_path: Path) -> None:
-    path = tmp_path / "v.db"
-    Database(path).close()
+def _assert_refused_untouched(path: Path, sql: str, match: str) -> None:
+    """After ``sql`` runs on the file, opening it is refused and leaves the file as it was."""
     conn = sqlite3.connect(path)
-    conn.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
+    conn.execute(sql)
     conn.commit()
     conn.close()
     before = path.read_bytes()
-    with pytest.raises(DatabaseError, match="schema version 99"):
+    with pytest.raises(DatabaseError, match=match):
         Database(path)
     assert path.read_bytes() == before
+
+
+def test_wrong_schema_version(tmp_path: Path) -> None:
+    path = tmp_path / "v.db"
+    Database(path).close()
+    _assert_refused_untouched(
+        path, "UPDATE meta SET value='99' WHERE key='schema_version'", "schema version 99"
+    )
 
 
 @pytest.mark.parametrize("header", [b"", b"SQLite format 3\x00"])
@@ -124,15 +131,7 @@ def test_garbage_file(tmp_path: Path, header: bytes) -> None:
 
 
 def test_foreign_sqlite_file(tmp_path: Path) -> None:
-    path = tmp_path / "f.db"
-    conn = sqlite3.connect(path)
-    conn.execute("CREATE TABLE x (a)")
-    conn.commit()
-    conn.close()
-    before = path.read_bytes()
-    with pytest.raises(DatabaseError, match="not a stormdrop database"):
-        Database(path)
-    assert path.read_bytes() == before
+    _assert_refused_untouched(tmp_path / "f.db", "CREATE TABLE x (a)", "not a stormdrop database")
 
 
 def test_directory_path(tmp_path: Path) -> None:
