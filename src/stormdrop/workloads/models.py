@@ -128,12 +128,16 @@ def _onnx_dtype(elem_type: int) -> str:
 
 
 def _relax_inputs(mod: tvm.IRModule) -> dict[str, tuple[tuple[int, ...], str]]:
+    # TVM 0.27 Relax: a parameter's type is `Var.ty` (a TensorType) and its name `Var.name`;
+    # the older `struct_info` / `name_hint` are gone.
+    if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+        raise SpecError("model: the Relax IRModule has no 'main' function")
     out = {}
     for param in mod["main"].params:
-        sinfo = param.struct_info
+        name, ty = str(param.name), param.ty
         try:
-            shape = tuple(int(x) for x in sinfo.shape.values)
+            shape = tuple(int(x) for x in ty.shape.values)
         except Exception:  # noqa: BLE001
-            raise SpecError(f"model input {param.name_hint!r} has a dynamic shape; bind it first") from None
-        out[param.name_hint] = (shape, str(sinfo.dtype))
+            raise SpecError(f"model input {name!r} has a dynamic shape; bind it first") from None
+        out[name] = (shape, str(ty.dtype))
     return out
