@@ -75,3 +75,18 @@ def test_applying_the_start_gives_back_the_incumbent():
     cand = space.apply(space.start)
     assert cand is not None and cand.position == space.start
     assert space.position_of(_tvm.to_py(cand.sch.trace.as_json(remove_postproc=True))) == space.start
+
+
+def test_pooling_blocks_get_the_default_rules_without_a_warning(capfd):
+    """Legalized pooling carries schedule_rule=meta_schedule.pool_max, a rule TVM never registers."""
+    import tvm
+    from tvm import te, topi
+
+    data = te.placeholder((1, 8, 16, 16), name="data")
+    pool = topi.nn.pool2d(data, (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), "max")
+    mod = tvm.IRModule({"main": te.create_prim_func([data, pool])})
+    assert "meta_schedule.pool_max" in mod.script()  # the annotation the warning was about
+    capfd.readouterr()
+    spaces = make_context(mod, host_target(), seed=0, threads=1).generate_design_space()
+    assert spaces and "Unknown schedule rule" not in capfd.readouterr().err
+    assert all("meta_schedule.pool_max" not in sch.mod.script() for sch in spaces)

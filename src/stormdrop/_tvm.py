@@ -16,6 +16,12 @@
 - ``VMExecutable.export_library`` logs ``Warning: Scope Saving:`` from C++ once per
   saved item (a few hundred lines for ResNet-18) straight to file descriptor 2:
   ``export_library`` runs it with those lines filtered out of stderr.
+- Relax's legalized pooling blocks carry ``schedule_rule = "meta_schedule.pool_max"``
+  (and ``pool_avg``, ``adaptive_pool_*``) but TVM registers no rule of that name for
+  CPUs: ``ApplyCustomRule`` logs an "Unknown schedule rule" warning through the user's
+  progress display, removes the annotation and goes on with the default rules.
+  ``register_default_pool_rules`` registers rules that do exactly that, silently (the
+  trace is the same: one ``Unannotate``).
 """
 
 from __future__ import annotations
@@ -33,6 +39,24 @@ from tvm.s_tir import Schedule, Trace
 from tvm.tirx import FloatImm, IntImm
 
 _INTRIN_PKG = "tvm.s_tir.tensor_intrin"
+
+
+_POOL_RULES = ("pool_max", "pool_avg", "adaptive_pool_max", "adaptive_pool_avg")
+
+
+def _unannotate_rule(sch: Schedule, block: Any) -> list[Schedule]:
+    sch.unannotate(block, "schedule_rule")
+    return [sch]
+
+
+def register_default_pool_rules() -> None:
+    """Register TVM's own fallback for the pooling rules it names but does not define."""
+    import tvm_ffi
+
+    for name in _POOL_RULES:
+        full = f"s_tir.meta_schedule.cpu.meta_schedule.{name}"
+        if tvm_ffi.get_global_func(full, allow_missing=True) is None:
+            tvm_ffi.register_global_func(full, _unannotate_rule)
 
 
 def load_tensor_intrinsics(target: str | Any) -> None:

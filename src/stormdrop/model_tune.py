@@ -53,6 +53,7 @@ class ModelResult:
     tasks: list[TaskResult]
     latency_s: dict[str, float | None] = field(default_factory=dict)
     max_abs_error: float | None = None
+    stopped_by: str = ""  # what ended the tuning: the trial budget, the time budget, or every task's cap
 
     def to_json(self) -> dict:
         return {"target": self.target, "model": self.model, "tuning_s": round(self.tuning_s, 3),
@@ -114,25 +115,30 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
                       for s in sessions]
             states = [TaskState(w, max(k.flops, 1), k.op_class) for k, w in tasks]
             sched = GradientScheduler(states, seed=seed)
-            used = 0
-            while used < cap and time.monotonic() < deadline:
-                i = sched.next_task()
+            used, spent = 0, [0.0] * len(sessions)
+            while True:
+                i = sched.next_task() if used < cap and time.monotonic() < deadline else None
                 if i is None:
+                    stopped_by = ("the trial budget" if used >= cap else "the time budget"
+                                  if time.monotonic() >= deadline else
+                                  f"every task done (converged or at its cap of {trials_per_task} trials)")
                     break
-                before = _measured(sessions[i])
+                before, t0 = _measured(sessions[i]), time.monotonic()
                 tuners[i].step()
+                spent[i] += time.monotonic() - t0
                 used += _measured(sessions[i]) - before
                 sched.tell(i, sessions[i].best, finished=tuners[i].done)
                 if progress:
                     log.warning("[%4d/%s] %-40s %s", used, trials or "-", sessions[i].kernel.name[:40],
                                 sessions[i].status(tuners[i].phase))
-            for t, s in zip(tuners, sessions):
+            for t, s, own in zip(tuners, sessions, spent):
+                t0 = time.monotonic()
                 t.finish()
                 verify_best(s)
-                s.result.tuning_s = time.monotonic() - start
+                s.result.tuning_s = own + time.monotonic() - t0  # this task's share of the wait
                 s.result.weight = next(w for k, w in tasks if k is s.kernel)
             result = ModelResult(canonical(tgt), model.name, time.monotonic() - start,
-                                 [s.result for s in sessions])
+                                 [s.result for s in sessions], stopped_by=stopped_by)
             _compile_and_verify(result, model, fused, sessions, tgt, output, seed)
     finally:
         if own_db:

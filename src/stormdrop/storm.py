@@ -61,6 +61,7 @@ def make_context(mod: tvm.IRModule, target: Target, *, seed: int, strategy: obje
     threads dynamically, so only ``threads=1`` makes a seed reproduce the same samples.
     """
     _tvm.load_tensor_intrinsics(target)
+    _tvm.register_default_pool_rules()
     return ms.TuneContext(mod, target=target, space_generator="post-order-apply",
                           search_strategy=strategy, task_name=name, rand_state=seed,
                           num_threads=threads or physical_cores())
