@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "open_database", "parse_kernel", "tune_kernel"]
+__all__ = ["__version__", "open_database", "parse_kernel", "tune_kernel", "tune_model"]
 
 
 def __getattr__(name: str):  # lazy: `import stormdrop` stays cheap (no TVM import)
@@ -17,6 +17,10 @@ def __getattr__(name: str):  # lazy: `import stormdrop` stays cheap (no TVM impo
         from .tune import tune_kernel
 
         return tune_kernel
+    if name == "tune_model":
+        from .model_tune import tune_model
+
+        return tune_model
     if name == "parse_kernel":
         from .workloads import parse_kernel
 
