@@ -8,13 +8,13 @@ import tvm
 from tvm import relax
 
 from stormdrop import tune_model  # the public entry point, as the README uses it
+from stormdrop.model_run import run_model
+from stormdrop.target import host_target
 
 
-def _run_artifact(path, *args: np.ndarray) -> np.ndarray:
-    """Load the written .so as a user would and run its main function on the CPU."""
-    vm = relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cpu())
-    out = vm["main"](*[tvm.runtime.tensor(a) for a in args])
-    return (out if hasattr(out, "numpy") else out[0]).numpy()  # a tuple of outputs: the first
+def _run_artifact(path, x: np.ndarray) -> np.ndarray:
+    """Load the written .so as a user would and run its main function (first output)."""
+    return run_model(tvm.runtime.load_module(str(path)), {"x": x}, host_target(), time_it=False)[0][0]
 
 
 def _dense_relu_module(w: np.ndarray) -> tvm.IRModule:

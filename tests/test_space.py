@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+import tvm
+from tvm import te, topi
 
 from stormdrop import _tvm
 from stormdrop.space import DecisionSpace, _tile_steps, divisors_with_omega, prime_factors
@@ -79,9 +81,6 @@ def test_applying_the_start_gives_back_the_incumbent():
 
 def test_pooling_blocks_get_the_default_rules_without_a_warning(capfd):
     """Legalized pooling carries schedule_rule=meta_schedule.pool_max, a rule TVM never registers."""
-    import tvm
-    from tvm import te, topi
-
     data = te.placeholder((1, 8, 16, 16), name="data")
     pool = topi.nn.pool2d(data, (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), "max")
     mod = tvm.IRModule({"main": te.create_prim_func([data, pool])})

@@ -26,6 +26,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -49,8 +50,9 @@ def _unannotate_rule(sch: Schedule, block: Any) -> list[Schedule]:
     return [sch]
 
 
+@functools.cache
 def register_default_pool_rules() -> None:
-    """Register TVM's own fallback for the pooling rules it names but does not define."""
+    """Register TVM's own fallback for the pooling rules it names but does not define (once)."""
     import tvm_ffi
 
     for name in _POOL_RULES:

@@ -115,28 +115,26 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
                       for s in sessions]
             states = [TaskState(w, max(k.flops, 1), k.op_class) for k, w in tasks]
             sched = GradientScheduler(states, seed=seed)
-            used, spent = 0, [0.0] * len(sessions)
-            while True:
-                i = sched.next_task() if used < cap and time.monotonic() < deadline else None
+            used = 0
+            while not (stopped_by := _budget_spent(used, cap, deadline)):
+                i = sched.next_task()
                 if i is None:
-                    stopped_by = ("the trial budget" if used >= cap else "the time budget"
-                                  if time.monotonic() >= deadline else
-                                  f"every task done (converged or at its cap of {trials_per_task} trials)")
+                    stopped_by = f"every task done (converged or at its cap of {trials_per_task} trials)"
                     break
                 before, t0 = _measured(sessions[i]), time.monotonic()
                 tuners[i].step()
-                spent[i] += time.monotonic() - t0
+                sessions[i].result.tuning_s += time.monotonic() - t0  # each task's own share of the wait
                 used += _measured(sessions[i]) - before
                 sched.tell(i, sessions[i].best, finished=tuners[i].done)
                 if progress:
                     log.warning("[%4d/%s] %-40s %s", used, trials or "-", sessions[i].kernel.name[:40],
                                 sessions[i].status(tuners[i].phase))
-            for t, s, own in zip(tuners, sessions, spent):
+            for t, s, (_, weight) in zip(tuners, sessions, tasks):
                 t0 = time.monotonic()
                 t.finish()
                 verify_best(s)
-                s.result.tuning_s = own + time.monotonic() - t0  # this task's share of the wait
-                s.result.weight = next(w for k, w in tasks if k is s.kernel)
+                s.result.tuning_s += time.monotonic() - t0
+                s.result.weight = weight
             result = ModelResult(canonical(tgt), model.name, time.monotonic() - start,
                                  [s.result for s in sessions], stopped_by=stopped_by)
             _compile_and_verify(result, model, fused, sessions, tgt, output, seed)
@@ -157,6 +155,13 @@ def first_batch_size(trials: int | None, num_tasks: int, batch: int) -> int | No
     if trials is None or num_tasks <= 0 or trials >= num_tasks * batch:
         return None
     return max(2, trials // num_tasks)
+
+
+def _budget_spent(used: int, cap: float, deadline: float) -> str:
+    """Which global budget is spent ("" while neither)."""
+    if used >= cap:
+        return "the trial budget"
+    return "the time budget" if time.monotonic() >= deadline else ""
 
 
 def _measured(session: TaskSession) -> int:

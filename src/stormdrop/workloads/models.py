@@ -130,7 +130,7 @@ def _onnx_dtype(elem_type: int) -> str:
 def _relax_inputs(mod: tvm.IRModule) -> dict[str, tuple[tuple[int, ...], str]]:
     # TVM 0.27 Relax: a parameter's type is `Var.ty` (a TensorType) and its name `Var.name`;
     # the older `struct_info` / `name_hint` are gone.
-    if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+    if "main" not in mod:
         raise SpecError("model: the Relax IRModule has no 'main' function")
     out = {}
     for param in mod["main"].params:
