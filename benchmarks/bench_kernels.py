@@ -130,7 +130,7 @@ def geomean(values: list[float | None]) -> float | None:
     return math.exp(sum(map(math.log, vals)) / len(vals)) if vals else None
 
 
-def tune_all(kernel, target, args, seed: int, total_hint: int) -> dict[str, dict]:
+def tune_all(kernel, target, args, seed: int) -> dict[str, dict]:
     """Run every tuner on one kernel, one after another; each failure becomes a cell."""
     from _peers import run_meta_schedule, short
 
@@ -138,7 +138,7 @@ def tune_all(kernel, target, args, seed: int, total_hint: int) -> dict[str, dict
     from stormdrop.tune import tune_kernel
 
     res: dict[str, dict] = {}
-    total = total_hint
+    total = args.trials + args.exploit_trials  # MetaSchedule's budget when stormdrop fails
     with tempfile.TemporaryDirectory(prefix="bench-sd-") as tmp:
         t0 = time.monotonic()
         try:
@@ -231,8 +231,7 @@ def evaluate(gateway, kernel, res: dict[str, dict]) -> None:
             res[n]["status"] = "ok"
 
 
-def row(name: str, flops: int, res: dict[str, dict], vendor: str, per_seed: list[dict[str, dict]]) \
-        -> tuple[list[str], dict]:
+def row(name: str, flops: int, res: dict[str, dict], vendor: str) -> tuple[list[str], dict]:
     sd, same, x3, po = (res.get(n) for n in TUNERS)
     sd_lat = sd.get("latency_s")
     rat = {"ms_same": ratio(same and same.get("latency_s"), sd_lat),
@@ -244,8 +243,8 @@ def row(name: str, flops: int, res: dict[str, dict], vendor: str, per_seed: list
     for r in (same, x3, po):
         cells += [us(r), f"{r['tuning_s']:.0f}" if r else "-"]
     cells += [vendor, *(fmt_ratio(v) for v in rat.values())]
-    cells.append("/".join(fmt_ratio(ratio(r.get("ms_3x", {}).get("latency_s"), r["stormdrop"].get("latency_s")))
-                          for r in per_seed))
+    pairs = zip(x3["seeds"], sd["seeds"]) if x3 else ()  # the seeds, in order, of each tuner's entry
+    cells.append("/".join(fmt_ratio(ratio(m.get("latency_s"), s.get("latency_s"))) for m, s in pairs))
     return cells, rat
 
 
@@ -291,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{n}] {k.spec}", flush=True)
             per_seed = []
             for seed in args.seed_list:
-                res = tune_all(k, target, args, seed, args.trials + args.exploit_trials)
+                res = tune_all(k, target, args, seed)
                 if gateway is None:
                     gateway = Gateway(target, MeasureConfig(repeat=10, min_repeat_ms=50))
                 evaluate(gateway, k, res)
@@ -302,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as err:  # noqa: BLE001
                 vsec, lib = None, f"failed: {short(err)}"
             vendor = f"{vsec * 1e6:.1f} ({lib})" if vsec else lib
-            cells, rat = row(n, k.flops, res, vendor, per_seed)
+            cells, rat = row(n, k.flops, res, vendor)
             rows.append(cells)
             ratios.append(rat)
             raw.append({"kernel": n, "spec": k.spec, "name": k.name, "flops": k.flops,
