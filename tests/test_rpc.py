@@ -24,35 +24,54 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _last_line(path) -> str:
+    lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    return lines[-1] if lines else "(no output)"
+
+
 @pytest.fixture(scope="module")
-def tracker():
-    """A tracker and one server with key KEY, in their own process group (their popen workers too)."""
+def tracker(tmp_path_factory):
+    """A tracker and one server with key KEY, in their own process group (their popen workers too).
+
+    If either process exits while we wait for the server to register, the fixture fails at once
+    with that process's last output line (e.g. a missing module) instead of waiting a minute."""
+    logs = tmp_path_factory.mktemp("rpc")
     tport, sport = _free_port(), _free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
-                               "--port", str(tport), "--port-end", str(tport + 1)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)]
-    time.sleep(2)
-    procs.append(subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1",
-                                   "--port", str(sport), "--port-end", str(sport + 1),
-                                   "--tracker", f"127.0.0.1:{tport}", "--key", KEY],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+    commands = {
+        "tracker": ["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(tport),
+                    "--port-end", str(tport + 1)],
+        "server": ["tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(sport),
+                   "--port-end", str(sport + 1), "--tracker", f"127.0.0.1:{tport}", "--key", KEY],
+    }
+    procs = {}
     try:
+        for name, args in commands.items():
+            with open(logs / f"{name}.log", "wb") as log:
+                procs[name] = subprocess.Popen([sys.executable, "-m", *args], stdout=log,
+                                               stderr=subprocess.STDOUT, start_new_session=True)
         from tvm import rpc
 
         deadline = time.monotonic() + 60
         while True:
+            for name, p in procs.items():
+                if p.poll() is not None:
+                    pytest.fail(f"the RPC {name} exited ({p.returncode}): "
+                                f"{_last_line(logs / f'{name}.log')}")
             try:
+                # connect_tracker itself retries for a minute: knock on the port first
+                socket.create_connection(("127.0.0.1", tport), timeout=1).close()
                 summary = rpc.connect_tracker("127.0.0.1", tport).summary()
                 if any(KEY in str(s.get("key", "")) for s in summary.get("server_info", [])):
                     break
             except Exception:  # noqa: BLE001 - not up yet
                 pass
             if time.monotonic() > deadline:
-                pytest.fail("the loopback RPC server did not register at the tracker")
-            time.sleep(1)
+                pytest.fail("the loopback RPC server did not register at the tracker: "
+                            f"{_last_line(logs / 'server.log')}")
+            time.sleep(0.5)
         yield {"host": "127.0.0.1", "port": tport, "key": KEY}
     finally:
-        for p in procs:
+        for p in procs.values():
             try:
                 os.killpg(p.pid, signal.SIGKILL)
             except ProcessLookupError:
