@@ -35,6 +35,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="MetaSchedule's num_trials_per_iter (its default 64 reaches few tasks at small budgets; "
                         "16 = stormdrop's storm batch)")
     p.add_argument("--skip-3x", action="store_true")
+    p.add_argument("--skip-ms", action="store_true", help="no MetaSchedule columns (stormdrop vs ONNX Runtime)")
+    p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="stormdrop tunes by time (no global trial cap, the budget is spent); MetaSchedule "
+                        "'same' then gets as many trials as stormdrop measured")
+    p.add_argument("--layout", default="auto", choices=["auto", "nhwc", "blocked", "nchw"],
+                   help="stormdrop's convolution layout (MetaSchedule tunes the same fused module)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/RESULTS.md")
     p.add_argument("--json", default=None)
@@ -44,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run_ms(model, target, trials: int, seed: int, batch: int) -> dict:
+def run_ms(model, target, trials: int, seed: int, batch: int, layout: str) -> dict:
     import functools
 
     import tvm.s_tir.meta_schedule as ms
@@ -60,7 +66,7 @@ def run_ms(model, target, trials: int, seed: int, batch: int) -> dict:
         t0 = time.monotonic()
         # The same fused module and compile path as stormdrop's (tune_relax on the raw imported
         # module finds no task: it expects legalized, fused primitive functions).
-        fused, _ = extract_tasks(model, target)
+        fused, _ = extract_tasks(model, target, layout)
         db = ms.relax_integration.tune_relax(fused, {}, target, work_dir, trials, num_trials_per_iter=batch,
                                              builder=builder, seed=seed)
         tuning_s = time.monotonic() - t0
@@ -90,20 +96,25 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-sd-") as tmp:
         t0 = time.monotonic()
         try:
-            r = tune_model(model, target=target, trials=args.trials, trials_per_task=args.trials_per_task,
-                           db=os.path.join(tmp, "sd.sqlite"), seed=args.seed)
+            r = tune_model(model, target=target, trials=None if args.time_budget else args.trials,
+                           trials_per_task=args.trials_per_task, time_budget=args.time_budget,
+                           db=os.path.join(tmp, "sd.sqlite"), seed=args.seed, layout=args.layout)
             out["stormdrop"] = {"latency_s": r.latency_s["tuned"], "tuning_s": time.monotonic() - t0,
                                 "tasks": len(r.tasks), "trials": sum(sum(t.trials.values()) - t.trials["failed"]
-                                                                     for t in r.tasks)}
+                                                                     for t in r.tasks),
+                                "stopped_by": r.stopped_by, "flops": sum(t.flops * t.weight for t in r.tasks),
+                                "per_task": [{"name": t.name, "weight": t.weight, "flops": t.flops,
+                                              "latency_s": t.latency_s, "trials": t.trials} for t in r.tasks]}
             out["untuned_s"] = r.latency_s["untuned"]
         except Exception as err:  # noqa: BLE001 - a failure is a cell
             out["stormdrop"] = {"status": f"failed: {short(err)}", "tuning_s": time.monotonic() - t0}
     print(f"  {name} stormdrop: {out['stormdrop']}", flush=True)
-    runs = [("ms_same", args.trials)] + ([] if args.skip_3x else [("ms_3x", 3 * args.trials)])
+    same = out["stormdrop"].get("trials", args.trials) if args.time_budget else args.trials
+    runs = [] if args.skip_ms else [("ms_same", same)] + ([] if args.skip_3x else [("ms_3x", 3 * same)])
     for key, trials in runs:
         t0 = time.monotonic()
         try:
-            res = run_ms(model, target, trials, args.seed, args.ms_batch)
+            res = run_ms(model, target, trials, args.seed, args.ms_batch, args.layout)
             outs, lat = run_model(res["ex"], inputs, target)
             err, scale = max_abs_diff(outs, ref)
             out[key] = {"tuning_s": res["tuning_s"], "budget": trials,
@@ -112,6 +123,26 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             out[key] = {"status": f"failed: {short(e)}", "tuning_s": time.monotonic() - t0}
         print(f"  {name} {key}: {out[key]}", flush=True)
     return out
+
+
+def breakdown(raw: list[dict], top: int = 6) -> list[str]:
+    """Per network: effective GFLOPS and the tasks with the largest weight x latency share."""
+    lines = []
+    for r in raw:
+        sd = r.get("stormdrop", {})
+        tasks = [t for t in sd.get("per_task", []) if t.get("latency_s")]
+        if not tasks:
+            continue
+        total = sum(t["weight"] * t["latency_s"] for t in tasks)
+        eff = sd["flops"] / sd["latency_s"] / 1e9 if sd.get("latency_s") else 0
+        ort = sd["flops"] / r["onnxruntime_s"] / 1e9
+        lines.append(f"- {r['model']}: stormdrop {eff:.0f} GFLOPS effective (ONNX Runtime {ort:.0f}); "
+                     f"{sd.get('trials', '?')} trials, stopped by {sd.get('stopped_by', '?')}; largest shares of "
+                     "the tasks' weight x latency: " + ", ".join(
+                         f"{t['name']} {100 * t['weight'] * t['latency_s'] / total:.0f}% "
+                         f"({t['flops'] / t['latency_s'] / 1e9:.0f} GFLOPS)"
+                         for t in sorted(tasks, key=lambda t: -t["weight"] * t["latency_s"])[:top]))
+    return lines + ([""] if lines else [])
 
 
 def row(r: dict) -> list[str]:
@@ -167,12 +198,16 @@ def main(argv: list[str] | None = None) -> int:
              f"- machine: {machine()}; target: `{canonical(target)}`", f"- command: `{' '.join(sys.argv)}`"
              + (f" (rows {', '.join(sorted(done))} from the earlier run that wrote {args.merge_json}: "
                 f"`{earlier['command']}`)" if args.merge_json else ""),
-             f"- {size}; global budget {args.trials} trials (stormdrop at most {args.trials_per_task} per task; "
-             f"MetaSchedule num_trials_per_iter={args.ms_batch}); "
+             f"- {size}; stormdrop layout {args.layout}; "
+             + (f"time budget {args.time_budget:.0f} s (per-task cap {args.trials_per_task} extended while time is "
+                "left; MetaSchedule 'same' = the trials stormdrop measured); "
+                if args.time_budget else
+                f"global budget {args.trials} trials (stormdrop at most {args.trials_per_task} per task); ")
+             + f"MetaSchedule num_trials_per_iter={args.ms_batch}; "
              "latencies in ms on the Relax VM (median of 5 x >= 100 ms), ONNX Runtime with the same thread count; "
              "ratios > 1: stormdrop faster", "",
              "| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER), *("| " + " | ".join(r) + " |" for r in rows),
-             ""]
+             "", *breakdown(raw)]
     with open(args.out, "a") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))

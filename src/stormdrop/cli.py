@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="x86: start the storm's cost model cold instead of from the shipped prior")
     t.add_argument("--trials-per-task", type=_positive(int), default=128,
                    help="model: at most this many candidates per task, half storm, half raindrop")
+    t.add_argument("--layout", default="auto", choices=["auto", "nhwc", "blocked", "nchw"],
+                   help="model: convolutions' layout (auto: NHWC on CPUs; blocked: NCHW16c on AVX-512, "
+                        "NCHW8c on AVX2; nchw: as the model has them)")
+    t.add_argument("--no-fast-math", dest="fast_math", action="store_false",
+                   help="model: keep libm's scalar erf/exp/tanh (default: vectorizable approximations on CPUs)")
     t.add_argument("--output", default=None, metavar="PATH", help="model: write the compiled model (.so)")
     t.add_argument("--input-shape", action="append", default=None, metavar="NAME:1x3x224x224")
     t.add_argument("--batch", type=_positive(int), default=1)
@@ -92,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--target", default=None)
     b.add_argument("--json", default=None, metavar="PATH")
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--layout", default="auto", choices=["auto", "nhwc", "blocked", "nchw"])
+    b.add_argument("--no-fast-math", dest="fast_math", action="store_false")
     b.add_argument("--input-shape", action="append", default=None, metavar="NAME:1x3x224x224")
     b.add_argument("--batch", type=_positive(int), default=1)
     b.add_argument("--resolution", type=_positive(int), default=None)
@@ -171,7 +178,8 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
                         trials_per_task=max(2, args.trials_per_task), time_budget=args.time_budget, db=args.db,
                         seed=args.seed, pvalue=args.pvalue, output=args.output, measure=_measure_config(args),
                         storm=StormConfig(batch_size=max(1, args.batch_size), prior=args.prior),
-                        reuse=max(0, args.reuse), progress=not args.no_progress)
+                        reuse=max(0, args.reuse), layout=args.layout, fast_math=args.fast_math,
+                        progress=not args.no_progress)
     print(task_table(result.tasks))
     lat = result.latency_s
     fmt = lambda v: "n/a" if v is None else f"{v * 1e3:.3f} ms"  # noqa: E731
@@ -193,7 +201,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     model = load_model(args.model, input_shapes=parse_input_shapes(args.input_shape), batch=args.batch,
                        resolution=args.resolution, seq_len=args.seq_len, seed=args.seed)
     with _open_db(args.db) as db:
-        result = bench_model(model, db=db, target=target, seed=args.seed)
+        result = bench_model(model, db=db, target=target, seed=args.seed, layout=args.layout,
+                             fast_math=args.fast_math)
     print(format_bench(result))
     if args.json:
         with open(args.json, "w") as f:

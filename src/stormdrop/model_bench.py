@@ -15,6 +15,7 @@ from typing import Any
 
 import tvm
 import tvm.s_tir.meta_schedule as ms
+from tvm.target import Target
 
 from .database import Database
 from .errors import TuningError
@@ -65,29 +66,37 @@ class BenchResult:
                 "max_abs_error": self.max_abs_error, "tasks": [t.to_json() for t in self.tasks]}
 
 
-def bench_model(spec: Any, *, db: Database, target: Any = None, seed: int = 0, **load_kw: Any) -> BenchResult:
-    """Measure ``spec`` untuned, tuned from ``db``, in ONNX Runtime and in PyTorch when available."""
-    tgt = parse_target(target)
-    model = spec if isinstance(spec, Model) else load_model(spec, seed=seed, **load_kw)
-    key = canonical(tgt)
-    fused, tasks = extract_tasks(model, tgt)
-    result = BenchResult(key, model.name)
+def tuned_build(model: Model, db: Database, target: Target, layout: str = "auto", fast_math: bool = True
+                ) -> tuple[Any, list[TaskRow]]:
+    """The model compiled with the best stored record of every task, and one row per task."""
+    key = canonical(target)
+    fused, tasks = extract_tasks(model, target, layout, fast_math)
     mdb = ms.database.MemoryDatabase()
+    rows = []
     for kernel, weight in tasks:
         entry = db.find_workload(kernel.mod)
         best = db.best(entry.workload_id, key, k=1) if entry else []
-        row = TaskRow(kernel.name, weight, kernel.flops, best[0].mean if best else None,
-                      db.count(entry.workload_id, key) if entry else 0)
+        rows.append(TaskRow(kernel.name, weight, kernel.flops, best[0].mean if best else None,
+                            db.count(entry.workload_id, key) if entry else 0))
         if best:
-            commit_best(mdb, kernel.mod, best[0].trace_json, best[0].mean, tgt)
-        result.tasks.append(row)
-    if not result.tuned_tasks:
+            commit_best(mdb, kernel.mod, best[0].trace_json, best[0].mean, target)
+    if not any(r.latency_s is not None for r in rows):
         raise TuningError(f"{model.name}: the database holds no record for any of its {len(tasks)} tasks "
                           f"on this target; run `stormdrop tune --model` first")
+    return compile_model(fused, mdb, target), rows
+
+
+def bench_model(spec: Any, *, db: Database, target: Any = None, seed: int = 0, layout: str = "auto",
+                fast_math: bool = True, **load_kw: Any) -> BenchResult:
+    """Measure ``spec`` untuned, tuned from ``db``, in ONNX Runtime and in PyTorch when available."""
+    tgt = parse_target(target)
+    model = spec if isinstance(spec, Model) else load_model(spec, seed=seed, **load_kw)
+    result = BenchResult(canonical(tgt), model.name)
+    ex, result.tasks = tuned_build(model, db, tgt, layout, fast_math)
     inputs = random_inputs(model, seed)
     threads = num_cores(tgt)
     untuned_outs, result.latency_s["untuned"] = run_model(tvm.compile(model.mod, target=tgt), inputs, tgt)
-    outs, result.latency_s["tuned"] = run_model(compile_model(fused, mdb, tgt), inputs, tgt)
+    outs, result.latency_s["tuned"] = run_model(ex, inputs, tgt)
     ref = untuned_outs
     result.latency_s["onnxruntime"] = result.latency_s["pytorch"] = None
     if model.onnx_model is not None:

@@ -54,20 +54,26 @@ def prepack_weights(target: Target) -> bool:
     return target.kind.name == "llvm"
 
 
-def compile_model(fused: tvm.IRModule, mdb: Any, target: Target) -> Any:
-    """Compile the fused module with the database's schedules.
+def apply_records(fused: tvm.IRModule, mdb: Any, target: Target) -> tvm.IRModule:
+    """The fused module with the database's schedules applied, ready for ``tvm.compile``.
 
     On CPU, tasks' weights are layout-free (``extract_tasks``): a tuned schedule may
     rewrite a weight's layout (MetaSchedule's RewriteLayout). The rewrite is split off
     each kernel into its own function and, the weights being constants, folded away
-    at compile time, so the deployed model reads pre-packed weights.
+    at compile time, so the deployed model reads pre-packed weights
+    (``layout.weight_transforms`` of the result is 0).
     """
     with target, mdb, tvm.transform.PassContext(opt_level=3):
         mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(fused)
         if prepack_weights(target):
             mod = tvm.transform.Sequential([relax.transform.SplitLayoutRewritePreproc(),
                                             relax.transform.FoldConstant()])(mod)
-    return tvm.compile(mod, target=target)
+    return mod
+
+
+def compile_model(fused: tvm.IRModule, mdb: Any, target: Target) -> Any:
+    """Compile the fused module with the database's schedules (``apply_records``)."""
+    return tvm.compile(apply_records(fused, mdb, target), target=target)
 
 
 def run_model(ex: Any, inputs: dict[str, np.ndarray], target: Target, *, time_it: bool = True

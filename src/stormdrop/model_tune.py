@@ -10,6 +10,7 @@ Relax VM, and checked against ONNX Runtime (ONNX inputs) or the untuned build.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -20,9 +21,11 @@ import tvm.s_tir.meta_schedule as ms
 from tvm import relax
 from tvm.target import Target
 
-from . import _tvm
+from . import _tvm, fastmath
 from .database import Database, default_db_path
-from .errors import TuningError
+from .errors import SpecError, TuningError
+from .layout import LAYOUTS, convert_layout
+from .layout import legalizations as layout_legalizations
 from .measure import Gateway, MeasureConfig
 from .model_run import (
     commit_best,
@@ -64,11 +67,25 @@ def _op_class(task_name: str) -> str:
     return re.sub(r"\d+$", "", task_name.removeprefix("fused_")) or task_name
 
 
-def extract_tasks(model: Model, target: Target) -> tuple[tvm.IRModule, list[tuple[Kernel, int]]]:
-    """The fused module and its tuning tasks: (kernel, weight), identical workloads merged."""
+def extract_tasks(model: Model, target: Target, layout: str = "auto", fast_math: bool = True
+                  ) -> tuple[tvm.IRModule, list[tuple[Kernel, int]]]:
+    """The fused module and its tuning tasks: (kernel, weight), identical workloads merged.
+
+    ``layout``: the convolutions' layout, ``auto`` (NHWC on CPUs), ``nhwc``, ``blocked``
+    (``NCHW{b}c``) or ``nchw`` (the model's own); see ``layout.convert_layout``.
+    ``fast_math``: vectorizable erf/exp/tanh/sigmoid/softmax on CPUs (``fastmath``).
+    """
+    if layout not in LAYOUTS:
+        raise SpecError(f"--layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
     _tvm.load_tensor_intrinsics(target)
     with target:
-        fused = relax.get_pipeline("zero")(relax.transform.CanonicalizeBindings()(model.mod))
+        mod = relax.transform.CanonicalizeBindings()(model.mod)
+        mod = relax.transform.Normalize()(convert_layout(mod, target, layout))
+        rules = dict(layout_legalizations())
+        if fast_math and target.kind.name == "llvm":
+            rules.update(fastmath.legalizations())
+        mod = relax.transform.LegalizeOps(rules)(mod)
+        fused = relax.get_pipeline("zero")(mod)
         if prepack_weights(target):  # weights and constants become layout-free buffers of the kernels
             fused = relax.transform.AttachAttrLayoutFreeBuffers()(fused)
     tasks = ms.relax_integration.extract_tasks(fused, target)
@@ -91,7 +108,7 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
                output: str | None = None, measure: MeasureConfig | None = None,
                storm: StormConfig | None = None, input_shapes: dict | None = None, batch: int = 1,
                resolution: int | None = None, seq_len: int | None = None, reuse: int = 8,
-               progress: bool = False) -> ModelResult:
+               layout: str = "auto", fast_math: bool = True, progress: bool = False) -> ModelResult:
     """Tune every task of a model under a global trial and time budget, then compile and verify.
 
     ``trials=None``: no global cap; the time budget and ``trials_per_task`` end the tuning.
@@ -101,7 +118,7 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
     model = spec if isinstance(spec, Model) else load_model(
         spec, input_shapes=input_shapes, batch=batch, resolution=resolution, seq_len=seq_len, seed=seed)
     deadline = start + time_budget if time_budget else float("inf")
-    fused, tasks = extract_tasks(model, tgt)
+    fused, tasks = extract_tasks(model, tgt, layout, fast_math)
     storm_per_task = max(1, trials_per_task // 2)
     own_db = not isinstance(db, Database)
     database = Database(db or default_db_path()) if own_db else db
@@ -115,16 +132,28 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
                       for s in sessions]
             states = [TaskState(w, max(k.flops, 1), k.op_class) for k, w in tasks]
             sched = GradientScheduler(states, seed=seed)
-            used = 0
+            used, exhausted, extended = 0, set(), {}
             while not (stopped_by := _budget_spent(used, cap, deadline)):
                 i = sched.next_task()
+                if i is None and time_budget:
+                    # the per-task cap is a default, not a reason to stop with time left: the
+                    # task with the largest weight x latency gets another storm round + raindrop
+                    i = _most_costly(states, exhausted)
+                    if i is not None:
+                        batch = (storm or StormConfig()).batch_size
+                        tuners[i].extend(batch, batch)
+                        states[i].finished = False
+                        extended[i] = _measured(sessions[i])
                 if i is None:
-                    stopped_by = f"every task done (converged or at its cap of {trials_per_task} trials)"
+                    stopped_by = ("every task exhausted (another storm round found nothing new)" if time_budget
+                                  else f"every task done (converged or at its cap of {trials_per_task} trials)")
                     break
                 before, t0 = _measured(sessions[i]), time.monotonic()
-                tuners[i].step()
+                tuners[i].step(limit=None if trials is None else cap - used)  # --trials is a hard cap
                 sessions[i].result.tuning_s += time.monotonic() - t0  # each task's own share of the wait
                 used += _measured(sessions[i]) - before
+                if tuners[i].done and extended.get(i) == _measured(sessions[i]):
+                    exhausted.add(i)  # its extension found nothing new to measure
                 sched.tell(i, sessions[i].best, finished=tuners[i].done)
                 if progress:
                     log.warning("[%4d/%s] %-40s %s", used, trials or "-", sessions[i].kernel.name[:40],
@@ -155,6 +184,12 @@ def first_batch_size(trials: int | None, num_tasks: int, batch: int) -> int | No
     if trials is None or num_tasks <= 0 or trials >= num_tasks * batch:
         return None
     return max(2, trials // num_tasks)
+
+
+def _most_costly(states: list[TaskState], exhausted: set[int]) -> int | None:
+    """The task with the largest weight x best latency that can still find something new."""
+    live = [i for i, t in enumerate(states) if i not in exhausted and math.isfinite(t.best)]
+    return max(live, key=lambda i: states[i].weight * states[i].best, default=None)
 
 
 def _budget_spent(used: int, cap: float, deadline: float) -> str:

@@ -75,8 +75,8 @@ class Raindrop:
         self.moves = 0
         self.done = budget <= 0
 
-    def propose(self) -> list[Candidate] | None:
-        """The next batch of neighbours (plus the incumbent, re-measured), or None when done."""
+    def propose(self, limit: int | None = None) -> list[Candidate] | None:
+        """The next batch of at most ``limit`` neighbours (plus the incumbent, re-measured), or None when done."""
         while not self.done and not self.queue:
             if self.radius > self.max_radius:
                 self.done = True
@@ -86,7 +86,7 @@ class Raindrop:
                 self.radius += 1
         if self.done:
             return None
-        n = max(1, min(self.config.batch_size, self.budget))
+        n = max(1, min(self.config.batch_size, self.budget, limit or self.budget))
         batch, self.queue = self.queue[:n], self.queue[n:]
         if self.config.remeasure_incumbent:
             batch = [dataclasses.replace(self.incumbent, remeasure=True), *batch]

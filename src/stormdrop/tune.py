@@ -160,24 +160,25 @@ class TaskTuner:
     def phase(self) -> Phase:
         return Phase.RAINDROP if self.drop is not None else Phase.STORM
 
-    def step(self) -> bool:
-        """Measure one batch; False (and ``done``) once both phases are over."""
+    def step(self, limit: int | None = None) -> bool:
+        """Measure one batch of at most ``limit`` new candidates; False (and ``done``) once both phases are over."""
         if self.done:
             return False
         if self.storm is None:
             self.storm = self._start_storm()
         if not self.reused:
             self.reused = True
-            if self._reuse():
+            if self._reuse(limit):
                 return True
         if self.drop is None:
-            cands = self.storm.propose(limit=self.first_batch if self.rounds == 0 else None)
+            caps = [c for c in (limit, self.first_batch if self.rounds == 0 else None) if c]
+            cands = self.storm.propose(limit=min(caps) if caps else None)
             if cands is not None:
                 self.storm.tell(cands, self.task.evaluate(cands))
                 self.rounds += 1
                 return True
             self.drop = self._start_raindrop()
-        cands = self.drop.propose() if self.drop is not None else None
+        cands = self.drop.propose(limit) if self.drop is not None else None
         if cands is None:
             self.finish()
             return False
@@ -193,11 +194,21 @@ class TaskTuner:
             self.storm.close()
         self.done = True
 
-    def _reuse(self) -> bool:
+    def extend(self, storm_trials: int, exploit_trials: int) -> None:
+        """More budget for a finished task: another storm round (its cost model trained on
+        everything measured so far), then a raindrop from the best schedule then."""
+        if not self.done:
+            self.finish()
+        self.trials += storm_trials
+        self.exploit_trials += exploit_trials
+        self.storm = self.drop = None
+        self.done = False
+
+    def _reuse(self, limit: int | None = None) -> bool:
         """Measure transferred schedules of same-class workloads (out of the storm's budget)."""
         from .reuse import reuse_candidates
 
-        budget = min(self.reuse_donors, self.storm.remaining)
+        budget = min(self.reuse_donors, self.storm.remaining, limit or self.reuse_donors)
         if budget <= 0:
             return False
         task = self.task

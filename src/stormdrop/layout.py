@@ -1,0 +1,198 @@
+"""Convolution layouts for CPU models: NHWC (the default on CPUs) or ``NCHW{b}c``.
+
+A model's convolutions come from ONNX in NCHW, where the innermost output axis is
+the image width (7-14 wide at 224x224 in ResNet's last stages): vector lanes go to
+waste. The model is rewritten before legalization so that every convolution, and
+what sits between convolutions (bias add, residual add, activations, pooling,
+concat), works on activations whose innermost axis is channels: NHWC (weights
+HWIO), or, as ONNX Runtime's CPU provider does, blocks of ``b`` channels, ``b`` the
+target's fp32 vector width (16 with AVX-512, 8 with AVX2). Measured side by side
+(README, "Layouts"), the tuner finds faster kernels in NHWC than in ``NCHW{b}c``
+at the same trials, so ``auto`` is NHWC on CPU targets. For ``blocked``:
+
+- ``relax.transform.ConvertLayout`` with a per-call choice (``_desired``) of the
+  block: the largest power of two up to ``b`` that divides the channel count (a
+  3-channel image input stays whole: ``NCHW3c``); a convolution whose channels
+  fit no block, or a grouped (not depthwise) one, stays NCHW. Layout transforms
+  of activations remain only at the model's boundaries and where blocks change;
+  weight transforms apply to constants and are folded at compile time (the "zero"
+  pipeline's FoldConstant), so the deployed model has none (``weight_transforms``).
+- TVM's default conv2d legalization refuses blocked layouts ("channel chunk
+  cannot be legalized by TOPI"): ``_legalize_conv2d`` maps them to
+  ``topi.nn.conv2d_NCHWc`` (kernel ``OIHW{i}i{o}o``) and to a depthwise NCHWc
+  compute (``topi.nn.depthwise_conv2d_NCHWc`` is an unregistered stub in 0.27).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tvm
+from tvm import relax, te, topi
+from tvm.target import Target
+
+
+def channel_block(target: Target) -> int | None:
+    """fp32 lanes of the target's widest vector unit (x86 LLVM targets), else ``None``."""
+    if target.kind.name != "llvm":
+        return None
+    from tvm.target import codegen
+
+    try:
+        features = set(codegen.llvm_get_cpu_features(target))
+    except Exception:  # noqa: BLE001 - a target LLVM cannot describe: no blocking
+        return None
+    if "avx512f" in features:
+        return 16
+    if "avx2" in features or "avx" in features:
+        return 8
+    return None
+
+
+def _block(channels: int, width: int) -> int | None:
+    """The block for ``channels``: the largest power of two <= ``width`` dividing it (>= 4),
+    or all of a small channel count (an image's 3 channels), else ``None``."""
+    b = width
+    while b >= 4:
+        if channels % b == 0:
+            return b
+        b //= 2
+    return channels if channels <= width else None
+
+
+def _desired(width: int):
+    """``ConvertLayout``'s per-call callback: the layouts one conv2d should take."""
+
+    def callback(call: relax.Call) -> dict[str, list[str]]:
+        if call.op.name != "relax.nn.conv2d":
+            return {}
+        attrs = call.attrs
+        keep = {"relax.nn.conv2d": ["NCHW", "OIHW", "NCHW"]}
+        if str(attrs.data_layout) != "NCHW" or str(attrs.kernel_layout) != "OIHW":
+            return keep
+        c = int(call.args[0].ty.shape[1])
+        k = int(call.args[1].ty.shape[0])
+        groups = int(attrs.groups)
+        ob = _block(k, width)
+        if ob is None or ob < 4:
+            return keep
+        if groups == 1:
+            ib = _block(c, width)
+            if ib is None:
+                return keep
+            return {"relax.nn.conv2d": [f"NCHW{ib}c", f"OIHW{ib}i{ob}o", f"NCHW{ob}c"]}
+        if groups == c == k:  # depthwise
+            return {"relax.nn.conv2d": [f"NCHW{ob}c", f"OIHW1i{ob}o", f"NCHW{ob}c"]}
+        return keep
+
+    return callback
+
+
+def _ints(values: Any) -> list[int]:
+    return [int(v) for v in values]
+
+
+def depthwise_conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides: Any, padding: Any,
+                           dilation: Any) -> te.Tensor:
+    """Depthwise convolution, data ``[N, C/b, H, W, b]``, kernel ``[C/b, 1, R, S, 1, b]``."""
+    n, cc, ih, iw, cb = _ints(data.shape)
+    _, _, kh, kw, _, _ = _ints(kernel.shape)
+    sh, sw = _ints(strides)
+    dh, dw = _ints(dilation)
+    pt, pl, pb, pr = _ints(padding)
+    oh = (ih + pt + pb - (kh - 1) * dh - 1) // sh + 1
+    ow = (iw + pl + pr - (kw - 1) * dw - 1) // sw + 1
+    padded = data
+    if pt or pl or pb or pr:
+        padded = topi.nn.pad(data, (0, 0, pt, pl, 0), (0, 0, pb, pr, 0), name="data_pad")
+    rh = te.reduce_axis((0, kh), "kh")
+    rw = te.reduce_axis((0, kw), "kw")
+    return te.compute(
+        (n, cc, oh, ow, cb),
+        lambda b, c, h, w, k: te.sum(
+            padded[b, c, h * sh + rh * dh, w * sw + rw * dw, k] * kernel[c, 0, rh, rw, 0, k],
+            axis=[rh, rw]),
+        name="depthwise_conv2d_NCHWc")
+
+
+def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    attrs = call.attrs
+    if len(str(attrs.data_layout)) == 4:  # a convolution left in NCHW: TVM's own legalization
+        return tvm.ir.Op.get("relax.nn.conv2d").get_attr("FLegalize")(bb, call)
+    out_dtype = str(attrs.out_dtype) if attrs.out_dtype is not None else ""
+    if out_dtype in ("", "void", "None"):
+        out_dtype = str(call.args[0].ty.dtype)
+    if int(attrs.groups) == 1:
+        return bb.call_te(topi.nn.conv2d_NCHWc, call.args[0], call.args[1], attrs.strides, attrs.padding,
+                          attrs.dilation, str(attrs.data_layout), str(attrs.out_layout), out_dtype,
+                          primfunc_name_hint="conv2d_NCHWc")
+    return bb.call_te(depthwise_conv2d_nchwc, call.args[0], call.args[1], attrs.strides, attrs.padding,
+                      attrs.dilation, primfunc_name_hint="depthwise_conv2d_NCHWc")
+
+
+def has_conv2d(mod: tvm.IRModule) -> bool:
+    found = []
+
+    def visit(expr: Any) -> None:
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.nn.conv2d":
+            found.append(expr)
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return bool(found)
+
+
+LAYOUTS = ("auto", "nhwc", "blocked", "nchw")
+
+
+def resolve(layout: str, target: Target) -> str:
+    """``auto``: NHWC on CPU targets (it measured best, see the README), the model's own elsewhere."""
+    if layout != "auto":
+        return layout
+    return "nhwc" if target.kind.name == "llvm" else "nchw"
+
+
+def convert_layout(mod: tvm.IRModule, target: Target, layout: str) -> tvm.IRModule:
+    """The model with its convolutions (and their neighbours) in ``layout`` (not yet legalized).
+
+    ``nhwc``: NHWC activations, HWIO weights (TVM's own legalization, ``topi.nn.conv``);
+    ``blocked``: ``NCHW{b}c`` (x86 targets with a known vector width; others keep NCHW),
+    legalized by ``legalizations``; ``nchw``: unchanged; ``auto``: see ``resolve``.
+    """
+    layout = resolve(layout, target)
+    if layout == "nchw" or not has_conv2d(mod):
+        return mod
+    if layout == "nhwc":
+        return relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(mod)
+    width = channel_block(target)
+    if width is None:
+        return mod
+    return relax.transform.ConvertLayout({}, _desired(width))(mod)
+
+
+def legalizations() -> dict[str, Any]:
+    """``LegalizeOps`` overrides for the blocked layouts (NCHW convolutions keep TVM's own)."""
+    return {"relax.nn.conv2d": _legalize_conv2d}
+
+
+def weight_transforms(mod: tvm.IRModule) -> int:
+    """How many calls of ``main`` compute on constants only (a per-call weight transform)."""
+    count = 0
+
+    def visit(expr: Any) -> None:
+        nonlocal count
+        if not isinstance(expr, relax.Call) or not isinstance(expr.op, tvm.ir.Op):
+            return
+        if expr.op.name == "relax.call_tir":
+            args = expr.args[1]
+            tensors = list(args.fields) if isinstance(args, relax.Tuple) else [args]
+        elif expr.op.name == "relax.layout_transform":
+            tensors = [expr.args[0]]
+        else:
+            return
+        if tensors and all(isinstance(t, tvm.ir.expr.Constant) for t in tensors):
+            count += 1
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return count

@@ -1,0 +1,133 @@
+"""Channel-blocked layouts and fast math in the model pipeline: outputs match ONNX Runtime.
+
+Compiled untuned (an empty record database) so that only the rewrite is under test: the
+convolutions, pooling, residual adds and concats of tiny zoo CNNs in NCHW{b}c (or NHWC),
+weights transformed once at compile time, never per call.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import tvm
+import tvm.s_tir.meta_schedule as ms
+
+from stormdrop import fastmath
+from stormdrop.errors import SpecError
+from stormdrop.layout import channel_block, weight_transforms
+from stormdrop.model_run import (
+    apply_records,
+    max_abs_diff,
+    random_inputs,
+    run_model,
+    run_onnxruntime,
+)
+from stormdrop.model_tune import extract_tasks
+from stormdrop.target import parse_target
+from stormdrop.workloads.models import load_model
+
+TARGET = parse_target(None)
+
+
+@functools.cache
+def _model(name: str):
+    if name == "bert_base":
+        from stormdrop.workloads.models import from_onnx_model
+        from stormdrop.workloads.zoo import build_zoo_model
+
+        return from_onnx_model(build_zoo_model("bert_base", seq_len=8, layers=2), "bert_small")
+    return load_model(name, resolution=32)
+
+
+def _compiled_untuned(name: str, layout: str, fast_math: bool = True):
+    model = _model(name)
+    fused, tasks = extract_tasks(model, TARGET, layout, fast_math)
+    mod = apply_records(fused, ms.database.MemoryDatabase(), TARGET)
+    inputs = random_inputs(model, 0)
+    outs, _ = run_model(tvm.compile(mod, target=TARGET), inputs, TARGET, time_it=False)
+    ref, _ = run_onnxruntime(model.onnx_model, inputs, 2)
+    err, scale = max_abs_diff(outs, ref)
+    return mod, [k.name for k, _ in tasks], err / scale
+
+
+# 3x3, strided, 1x1, depthwise, max/avg pooling, residual add (resnet18, mobilenet_v2), concat (squeezenet, googlenet)
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "squeezenet1_0", "googlenet"])
+def test_default_layout_is_nhwc_matches_onnxruntime_without_per_call_weight_transforms(name):
+    mod, tasks, rel_err = _compiled_untuned(name, "auto")
+    assert rel_err < 1e-4
+    assert weight_transforms(mod) == 0
+    text = mod.script()
+    assert 'data_layout="NCHW"' not in text and "conv2d_NCHWc" not in text
+    # activations change layout only at the model's input (and not at all between convolutions)
+    assert sum("layout_transform" in t or t.startswith("transpose") for t in tasks) <= 2
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
+def test_blocked_layout_matches_onnxruntime_without_per_call_weight_transforms(name):
+    mod, tasks, rel_err = _compiled_untuned(name, "blocked")
+    assert rel_err < 1e-4
+    assert weight_transforms(mod) == 0
+    if channel_block(TARGET) is not None:  # x86 with AVX2 or AVX-512: every CPU this runs on here
+        blocked = [t for t in tasks if "NCHWc" in t]
+        assert len(blocked) >= 0.8 * sum("conv2d" in t for t in tasks)
+        if name == "mobilenet_v2":
+            assert any("depthwise_conv2d_NCHWc" in t for t in tasks)
+
+
+def test_nchw_layout_keeps_the_model_as_it_is():
+    mod, tasks, rel_err = _compiled_untuned("resnet18", "nchw")
+    assert rel_err < 1e-4
+    assert not any("NCHWc" in t for t in tasks)
+
+
+def test_weight_transform_counter_sees_a_transform_on_constants():
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4), "float32"))
+    w = relax.const(np.ones((4, 4), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            wt = bb.emit(relax.op.permute_dims(w))
+            out = bb.emit_output(relax.op.matmul(x, wt))
+        bb.emit_func_output(out)
+    with TARGET:
+        mod = relax.transform.LegalizeOps()(bb.get())
+    assert weight_transforms(mod) == 1
+    with TARGET:
+        assert weight_transforms(relax.transform.FoldConstant()(mod)) == 0
+
+
+def test_unknown_layout_is_a_spec_error():
+    with pytest.raises(SpecError, match="--layout"):
+        extract_tasks(_model("resnet18"), TARGET, "nc4hw")
+
+
+def test_fast_math_encoder_matches_onnxruntime():
+    mod, tasks, rel_err = _compiled_untuned("bert_base", "blocked", fast_math=True)
+    assert rel_err < 1e-4
+    assert any("fast_erf" in t or "fast_" in t for t in tasks) or "fast_erf" in mod.script()
+
+
+@pytest.mark.parametrize("op", ["erf", "exp", "tanh", "sigmoid"])
+def test_fast_math_accuracy(op):
+    from scipy import special
+    from tvm import relax
+
+    xs = np.linspace(-12 if op != "exp" else -80, 12 if op != "exp" else 80, 200_001).astype("float32")
+    exact = {"erf": special.erf, "exp": np.exp, "tanh": np.tanh, "sigmoid": special.expit}[op](xs.astype("float64"))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(xs.shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(getattr(relax.op, op)(x))
+        bb.emit_func_output(out)
+    with TARGET:
+        mod = relax.transform.LegalizeOps(fastmath.legalizations())(bb.get())
+    assert f"fast_{op}" in mod.script()
+    dev = tvm.cpu()
+    got = relax.VirtualMachine(tvm.compile(mod, target=TARGET), dev)["main"](tvm.runtime.tensor(xs, dev)).numpy()
+    rel = np.abs(got - exact) / np.maximum(np.abs(exact), 1e-30 if op == "exp" else 1.0)
+    assert float(rel.max()) < 2e-6, f"{op}: max error {rel.max():.3g} at x={xs[int(rel.argmax())]}"
