@@ -26,6 +26,13 @@ def short(err: BaseException | str, limit: int = 80) -> str:
     return line.replace("|", "/")[:limit]
 
 
+def publish(lines: list[str], out: str) -> None:
+    """Append a results section to ``out`` (RESULTS.md) and print it."""
+    with open(out, "a") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
+
+
 def machine() -> str:
     """CPU model name (lscpu, else platform.processor()) and core counts."""
     model = ""

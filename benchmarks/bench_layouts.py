@@ -36,7 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import machine
+    from _peers import machine, publish
     from bench_kernels import pin_threads
 
     from stormdrop.database import Database
@@ -99,9 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": " ".join(sys.argv), "target": canonical(target), "models": raw}, f, indent=1)
-    with open(args.out, "a") as f:
-        f.write("\n".join(lines))
-    print("\n".join(lines))
+    publish(lines, args.out)
     return 0
 
 

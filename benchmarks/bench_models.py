@@ -166,7 +166,7 @@ def row(r: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import machine
+    from _peers import machine, publish
     from bench_kernels import pin_threads
 
     from stormdrop.target import canonical, host_target, physical_cores
@@ -208,9 +208,7 @@ def main(argv: list[str] | None = None) -> int:
              "ratios > 1: stormdrop faster", "",
              "| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER), *("| " + " | ".join(r) + " |" for r in rows),
              "", *breakdown(raw)]
-    with open(args.out, "a") as f:
-        f.write("\n".join(lines))
-    print("\n".join(lines))
+    publish(lines, args.out)
     return 0
 
 

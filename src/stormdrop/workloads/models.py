@@ -84,6 +84,10 @@ def from_onnx_model(model: Any, name: str, *, input_shapes: dict[str, tuple[int,
     from tvm.relax.frontend.onnx import from_onnx
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
+    from .._tvm import clip_as_relax_op
+
+    clip_as_relax_op()  # ReLU6 as Relax ops, so that layouts propagate and it fuses
+
     supported = _get_convert_map()
     unsupported = sorted({n.op_type for n in model.graph.node if n.op_type not in supported})
     if unsupported:
