@@ -137,6 +137,7 @@ def breakdown(raw: list[dict], top: int = 6) -> list[str]:
         eff = sd["flops"] / sd["latency_s"] / 1e9 if sd.get("latency_s") else 0
         ort = sd["flops"] / r["onnxruntime_s"] / 1e9
         lines.append(f"- {r['model']}: stormdrop {eff:.0f} GFLOPS effective (ONNX Runtime {ort:.0f}); "
+                     f"tasks' weight x stored latency {total * 1e3:.2f} ms of the model's {sd['latency_s'] * 1e3:.2f}; "
                      f"{sd.get('trials', '?')} trials, stopped by {sd.get('stopped_by', '?')}; largest shares of "
                      "the tasks' weight x latency: " + ", ".join(
                          f"{t['name']} {100 * t['weight'] * t['latency_s'] / total:.0f}% "
