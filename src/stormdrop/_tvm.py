@@ -174,8 +174,6 @@ def export_library(executable: Any, path: str) -> None:
 
 def _scalar_bound(expr: Any) -> float | None:
     """The value of a constant scalar Clip bound (``None``: not a constant scalar, or NaN)."""
-    import math
-
     import numpy as np
 
     if not isinstance(expr, tvm.ir.expr.Constant):

@@ -74,7 +74,7 @@ def _desired(width: int):
         k = int(call.args[1].ty.shape[0])
         groups = int(attrs.groups)
         ob = _block(k, width)
-        if ob is None or ob < 4:
+        if ob is None or ob < 4:  # (a small channel count is a block only for the input side)
             return keep
         if groups == 1:
             ib = _block(c, width)
@@ -119,28 +119,29 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     attrs = call.attrs
     if len(str(attrs.data_layout)) == 4:  # a convolution left in NCHW: TVM's own legalization
         return tvm.ir.Op.get("relax.nn.conv2d").get_attr("FLegalize")(bb, call)
-    out_dtype = str(attrs.out_dtype) if attrs.out_dtype is not None else ""
-    if out_dtype in ("", "void", "None"):
-        out_dtype = str(call.args[0].ty.dtype)
     if int(attrs.groups) == 1:
         return bb.call_te(topi.nn.conv2d_NCHWc, call.args[0], call.args[1], attrs.strides, attrs.padding,
-                          attrs.dilation, str(attrs.data_layout), str(attrs.out_layout), out_dtype,
+                          attrs.dilation, str(attrs.data_layout), str(attrs.out_layout), str(call.ty.dtype),
                           primfunc_name_hint="conv2d_NCHWc")
     return bb.call_te(depthwise_conv2d_nchwc, call.args[0], call.args[1], attrs.strides, attrs.padding,
                       attrs.dilation, primfunc_name_hint="depthwise_conv2d_NCHWc")
 
 
-def has_conv2d(mod: tvm.IRModule) -> bool:
-    found = []
+def _op_calls(func: relax.Function) -> list[relax.Call]:
+    """Every call of a Relax operator in ``func``, in post order."""
+    calls: list[relax.Call] = []
 
     def visit(expr: Any) -> None:
-        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.nn.conv2d":
-            found.append(expr)
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            calls.append(expr)
 
-    for func in mod.functions.values():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
-    return bool(found)
+    relax.analysis.post_order_visit(func, visit)
+    return calls
+
+
+def has_conv2d(mod: tvm.IRModule) -> bool:
+    return any(call.op.name == "relax.nn.conv2d" for func in mod.functions.values()
+               if isinstance(func, relax.Function) for call in _op_calls(func))
 
 
 LAYOUTS = ("auto", "nhwc", "blocked", "nchw")
@@ -179,20 +180,13 @@ def legalizations() -> dict[str, Any]:
 def weight_transforms(mod: tvm.IRModule) -> int:
     """How many calls of ``main`` compute on constants only (a per-call weight transform)."""
     count = 0
-
-    def visit(expr: Any) -> None:
-        nonlocal count
-        if not isinstance(expr, relax.Call) or not isinstance(expr.op, tvm.ir.Op):
-            return
-        if expr.op.name == "relax.call_tir":
-            args = expr.args[1]
+    for call in _op_calls(mod["main"]):
+        if call.op.name == "relax.call_tir":
+            args = call.args[1]
             tensors = list(args.fields) if isinstance(args, relax.Tuple) else [args]
-        elif expr.op.name == "relax.layout_transform":
-            tensors = [expr.args[0]]
+        elif call.op.name == "relax.layout_transform":
+            tensors = [call.args[0]]
         else:
-            return
-        if tensors and all(isinstance(t, tvm.ir.expr.Constant) for t in tensors):
-            count += 1
-
-    relax.analysis.post_order_visit(mod["main"], visit)
+            continue
+        count += bool(tensors) and all(isinstance(t, tvm.ir.expr.Constant) for t in tensors)
     return count
