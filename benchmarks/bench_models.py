@@ -41,6 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "'same' then gets as many trials as stormdrop measured")
     p.add_argument("--layout", default="auto", choices=["auto", "nhwc", "blocked", "nchw"],
                    help="stormdrop's convolution layout (MetaSchedule tunes the same fused module)")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="latencies: median over this many rounds in which the peers take turns")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/RESULTS.md")
     p.add_argument("--json", default=None)
@@ -77,12 +79,16 @@ def run_ms(model, target, trials: int, seed: int, batch: int, layout: str) -> di
 def bench_one(name: str, args: argparse.Namespace, target) -> dict:
     from _peers import short
 
+    from stormdrop.database import Database
+    from stormdrop.model_bench import task_times_in_model, tuned_build
     from stormdrop.model_run import (
+        interleaved,
         max_abs_diff,
+        model_timer,
         num_cores,
+        onnxruntime_timer,
         random_inputs,
         run_model,
-        run_onnxruntime,
     )
     from stormdrop.model_tune import tune_model
     from stormdrop.workloads.models import load_model
@@ -91,37 +97,54 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
     kw = {size[0]: size[1]} if size[1] else {}
     model = load_model(name, seed=args.seed, **kw)
     inputs = random_inputs(model, args.seed)
-    ref, ort_s = run_onnxruntime(model.onnx_model, inputs, num_cores(target))
-    out = {"model": name, "onnxruntime_s": ort_s}
+    ref, ort_timer = onnxruntime_timer(model.onnx_model, inputs, num_cores(target))
+    out = {"model": name}
+    timers = {"onnxruntime": ort_timer}  # every peer's latency is taken at the end, peers taking turns
     with tempfile.TemporaryDirectory(prefix="bench-sd-") as tmp:
         t0 = time.monotonic()
         try:
             r = tune_model(model, target=target, trials=None if args.time_budget else args.trials,
                            trials_per_task=args.trials_per_task, time_budget=args.time_budget,
                            db=os.path.join(tmp, "sd.sqlite"), seed=args.seed, layout=args.layout)
-            out["stormdrop"] = {"latency_s": r.latency_s["tuned"], "tuning_s": time.monotonic() - t0,
+            tuning_s = time.monotonic() - t0
+            with Database(os.path.join(tmp, "sd.sqlite")) as db:
+                ex, rows = tuned_build(model, db, target, args.layout)
+            task_times_in_model(ex, inputs, target, rows)
+            in_model = {row.name: row.in_model_s for row in rows}
+            timers["stormdrop"] = model_timer(ex, inputs, target)
+            out["stormdrop"] = {"tuning_s": tuning_s,
                                 "tasks": len(r.tasks), "trials": sum(sum(t.trials.values()) - t.trials["failed"]
                                                                      for t in r.tasks),
                                 "stopped_by": r.stopped_by, "flops": sum(t.flops * t.weight for t in r.tasks),
                                 "per_task": [{"name": t.name, "weight": t.weight, "flops": t.flops,
-                                              "latency_s": t.latency_s, "trials": t.trials} for t in r.tasks]}
+                                              "latency_s": t.latency_s, "in_model_s": in_model.get(t.name),
+                                              "trials": t.trials} for t in r.tasks]}
             out["untuned_s"] = r.latency_s["untuned"]
         except Exception as err:  # noqa: BLE001 - a failure is a cell
             out["stormdrop"] = {"status": f"failed: {short(err)}", "tuning_s": time.monotonic() - t0}
-    print(f"  {name} stormdrop: {out['stormdrop']}", flush=True)
+    print(f"  {name} stormdrop: tuned in {out['stormdrop']['tuning_s']:.0f} s", flush=True)
     same = out["stormdrop"].get("trials", args.trials) if args.time_budget else args.trials
     runs = [] if args.skip_ms else [("ms_same", same)] + ([] if args.skip_3x else [("ms_3x", 3 * same)])
     for key, trials in runs:
         t0 = time.monotonic()
         try:
             res = run_ms(model, target, trials, args.seed, args.ms_batch, args.layout)
-            outs, lat = run_model(res["ex"], inputs, target)
+            outs, _ = run_model(res["ex"], inputs, target, time_it=False)
             err, scale = max_abs_diff(outs, ref)
-            out[key] = {"tuning_s": res["tuning_s"], "budget": trials,
-                        **({"latency_s": lat} if err <= 1e-3 * scale else {"status": f"wrong (max diff {err:.2g})"})}
+            out[key] = {"tuning_s": res["tuning_s"], "budget": trials}
+            if err <= 1e-3 * scale:
+                timers[key] = model_timer(res["ex"], inputs, target)
+            else:
+                out[key]["status"] = f"wrong (max diff {err:.2g})"
         except Exception as e:  # noqa: BLE001
             out[key] = {"status": f"failed: {short(e)}", "tuning_s": time.monotonic() - t0}
         print(f"  {name} {key}: {out[key]}", flush=True)
+    latency = interleaved(timers, rounds=args.rounds)
+    out["onnxruntime_s"] = latency.pop("onnxruntime")
+    for key, secs in latency.items():
+        out[key]["latency_s"] = secs
+    print(f"  {name} latencies (s, median of {args.rounds} interleaved rounds): {latency} "
+          f"onnxruntime {out['onnxruntime_s']}", flush=True)
     return out
 
 
@@ -134,14 +157,18 @@ def breakdown(raw: list[dict], top: int = 6) -> list[str]:
         if not tasks:
             continue
         total = sum(t["weight"] * t["latency_s"] for t in tasks)
+        in_model = sum(t.get("in_model_s") or 0 for t in tasks)
         eff = sd["flops"] / sd["latency_s"] / 1e9 if sd.get("latency_s") else 0
         ort = sd["flops"] / r["onnxruntime_s"] / 1e9
         lines.append(f"- {r['model']}: stormdrop {eff:.0f} GFLOPS effective (ONNX Runtime {ort:.0f}); "
-                     f"tasks' weight x stored latency {total * 1e3:.2f} ms of the model's {sd['latency_s'] * 1e3:.2f}; "
+                     f"tasks' weight x stored latency {total * 1e3:.2f} ms, their kernels timed inside the model "
+                     f"{in_model * 1e3:.2f} ms, the model {sd['latency_s'] * 1e3:.2f} ms; "
                      f"{sd.get('trials', '?')} trials, stopped by {sd.get('stopped_by', '?')}; largest shares of "
                      "the tasks' weight x latency: " + ", ".join(
                          f"{t['name']} {100 * t['weight'] * t['latency_s'] / total:.0f}% "
-                         f"({t['flops'] / t['latency_s'] / 1e9:.0f} GFLOPS)"
+                         f"({t['flops'] / t['latency_s'] / 1e9:.0f} GFLOPS"
+                         + (f", {t['in_model_s'] / t['weight'] * 1e6:.0f} us a call in the model vs "
+                            f"{t['latency_s'] * 1e6:.0f} as tuned" if t.get("in_model_s") else "") + ")"
                          for t in sorted(tasks, key=lambda t: -t["weight"] * t["latency_s"])[:top]))
     return lines + ([""] if lines else [])
 
@@ -205,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                 if args.time_budget else
                 f"global budget {args.trials} trials (stormdrop at most {args.trials_per_task} per task); ")
              + f"MetaSchedule num_trials_per_iter={args.ms_batch}; "
-             "latencies in ms on the Relax VM (median of 5 x >= 100 ms), ONNX Runtime with the same thread count; "
+             f"latencies in ms: median of {args.rounds} rounds in which the peers take turns (a round: Relax VM median "
+             "of 5 x >= 100 ms; ONNX Runtime, same thread count, median run over 0.5 s); "
              "ratios > 1: stormdrop faster", "",
              "| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER), *("| " + " | ".join(r) + " |" for r in rows),
              "", *breakdown(raw)]

@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from stormdrop.errors import SpecError
+from stormdrop.model_run import interleaved
 from stormdrop.model_tune import tune_model
 from stormdrop.workloads.models import load_model, parse_input_shapes
 
@@ -66,6 +67,24 @@ def test_tiny_onnx_network_tuned_compiled_and_matched(tmp_path):
     assert bench["latency_s"]["tuned"] > 0 and bench["latency_s"]["onnxruntime"] > 0
     assert bench["max_abs_error"] < 1e-3
     assert f"{len(result.tasks)}/{len(result.tasks)} tasks tuned" in r.stdout
+    # Each task's kernel is also timed inside the model: the convolutions and the dense layer
+    # are called in every run, and their time there cannot exceed a few runs of the whole model.
+    in_model = [t["in_model_s"] for t in bench["tasks"] if t["in_model_s"] is not None]
+    assert len(in_model) >= 3 and all(s > 0 for s in in_model)
+    assert sum(in_model) < 3 * bench["latency_s"]["tuned"] + 1e-3
+    assert "inside the model" in r.stdout and "In model (us)" in r.stdout
+
+
+def test_interleaved_peers_take_turns_and_report_medians():
+    calls = []
+
+    def timer(name, samples):
+        it = iter(samples)
+        return lambda: calls.append(name) or next(it)
+
+    got = interleaved({"a": timer("a", [3.0, 1.0, 2.0]), "b": timer("b", [5.0, 9.0, 4.0])}, rounds=3)
+    assert calls == ["a", "b", "a", "b", "a", "b"]
+    assert got == {"a": 2.0, "b": 5.0}
 
 
 def test_bench_without_records_is_one_error_line(tmp_path):

@@ -202,6 +202,8 @@ class _RunnerState:
                     break
         if wrong:
             return {"wrong": wrong}
+        if cache_flush:  # TVM flushes once per repeat: every sample must be one cold run
+            number, min_repeat_ms = 1, 0
         evaluator = rt_mod.time_evaluator(
             "main", self.dev, number=int(number), repeat=int(repeat), min_repeat_ms=int(min_repeat_ms),
             f_preproc="cache_flush_cpu_non_first_arg" if cache_flush else "",

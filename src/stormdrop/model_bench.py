@@ -22,11 +22,14 @@ from .errors import TuningError
 from .model_run import (
     commit_best,
     compile_model,
+    interleaved,
+    kernel_times,
     max_abs_diff,
+    model_timer,
     num_cores,
+    onnxruntime_timer,
     random_inputs,
     run_model,
-    run_onnxruntime,
     run_pytorch,
 )
 from .model_tune import extract_tasks
@@ -43,10 +46,11 @@ class TaskRow:
     flops: int
     latency_s: float | None  # best stored record; None = untuned (TVM's default schedule)
     trials: int
+    in_model_s: float | None = None  # all its calls in one run of the compiled model (``task_times_in_model``)
 
     def to_json(self) -> dict:
         return {"name": self.name, "weight": self.weight, "flops": self.flops, "latency_s": self.latency_s,
-                "trials": self.trials}
+                "trials": self.trials, "in_model_s": self.in_model_s}
 
 
 @dataclass
@@ -86,6 +90,15 @@ def tuned_build(model: Model, db: Database, target: Target, layout: str = "auto"
     return compile_model(fused, mdb, target), rows
 
 
+def task_times_in_model(ex: Any, inputs: dict, target: Target, rows: list[TaskRow]) -> None:
+    """Fill each row's ``in_model_s``: its kernel's time in one run of the compiled model
+    (``model_run.kernel_times``; a tuned kernel whose weights were packed at compile time
+    is named after its task with a ``_prepacked`` suffix)."""
+    times = {symbol.removesuffix("_prepacked"): secs for symbol, secs in kernel_times(ex, inputs, target).items()}
+    for r in rows:
+        r.in_model_s = times.get(r.name)
+
+
 def bench_model(spec: Any, *, db: Database, target: Any = None, seed: int = 0, layout: str = "auto",
                 fast_math: bool = True, **load_kw: Any) -> BenchResult:
     """Measure ``spec`` untuned, tuned from ``db``, in ONNX Runtime and in PyTorch when available."""
@@ -96,11 +109,14 @@ def bench_model(spec: Any, *, db: Database, target: Any = None, seed: int = 0, l
     inputs = random_inputs(model, seed)
     threads = num_cores(tgt)
     untuned_outs, result.latency_s["untuned"] = run_model(tvm.compile(model.mod, target=tgt), inputs, tgt)
-    outs, result.latency_s["tuned"] = run_model(ex, inputs, tgt)
+    outs, _ = run_model(ex, inputs, tgt, time_it=False)
+    timers = {"tuned": model_timer(ex, inputs, tgt)}
     ref = untuned_outs
     result.latency_s["onnxruntime"] = result.latency_s["pytorch"] = None
     if model.onnx_model is not None:
-        ref, result.latency_s["onnxruntime"] = run_onnxruntime(model.onnx_model, inputs, threads)
+        ref, timers["onnxruntime"] = onnxruntime_timer(model.onnx_model, inputs, threads)
+    result.latency_s.update(interleaved(timers))
+    task_times_in_model(ex, inputs, tgt, result.tasks)
     if model.torch_program is not None:
         try:
             _, result.latency_s["pytorch"] = run_pytorch(model.torch_program, inputs, threads)
@@ -117,13 +133,19 @@ def format_bench(result: BenchResult) -> str:
     from .report import table
 
     rows = []
-    for t in sorted(result.tasks, key=lambda t: -(t.latency_s or 0) * t.weight):
+    for t in sorted(result.tasks, key=lambda t: -(t.in_model_s or (t.latency_s or 0) * t.weight)):
         lat = "untuned" if t.latency_s is None else f"{t.latency_s * 1e6:.1f}"
         share = "" if t.latency_s is None else f"{t.latency_s * t.weight * 1e6:.1f}"
-        rows.append([t.name, str(t.weight), lat, share, str(t.trials)])
-    lines = [table(["Task", "Weight", "Latency (us)", "Weighted (us)", "Trials"], rows), ""]
+        in_model = "" if t.in_model_s is None else f"{t.in_model_s * 1e6:.1f}"
+        rows.append([t.name, str(t.weight), lat, share, in_model, str(t.trials)])
+    lines = [table(["Task", "Weight", "Latency (us)", "Weighted (us)", "In model (us)", "Trials"], rows), ""]
     lines.append(f"{result.model}: {result.tuned_tasks}/{len(result.tasks)} tasks tuned; "
                  f"output max |diff| {result.max_abs_error:.2g}")
+    stored = sum(t.latency_s * t.weight for t in result.tasks if t.latency_s is not None)
+    in_model = sum(t.in_model_s or 0 for t in result.tasks)
+    if in_model:
+        lines.append(f"kernels: {stored * 1e3:.3f} ms as tuned (weight x stored latency), {in_model * 1e3:.3f} ms "
+                     "inside the model (each call timed in place)")
     for name, v in result.latency_s.items():
         lines.append(f"  {name:12s} {'n/a' if v is None else f'{v * 1e3:.3f} ms'}")
     tuned, ort = result.latency_s.get("tuned"), result.latency_s.get("onnxruntime")

@@ -10,6 +10,7 @@ own intra-op thread settings.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -76,22 +77,73 @@ def compile_model(fused: tvm.IRModule, mdb: Any, target: Target) -> Any:
     return tvm.compile(apply_records(fused, mdb, target), target=target)
 
 
+def _vm(ex: Any, inputs: dict[str, np.ndarray], target: Target) -> tuple[Any, Any, list]:
+    _tvm.runtime_threads_env(num_cores(target))
+    dev = tvm.cuda(0) if target.kind.name == "cuda" else tvm.cpu(0)
+    return relax.VirtualMachine(ex, dev), dev, [tvm.runtime.tensor(v, dev) for v in inputs.values()]
+
+
+def model_timer(ex: Any, inputs: dict[str, np.ndarray], target: Target) -> Callable[[], float]:
+    """A function returning one latency sample (s) of the compiled model: the median of
+    5 means of >= 100 ms of back-to-back runs on the Relax VM."""
+    vm, dev, args = _vm(ex, inputs, target)
+    vm.set_input("main", *args)
+    timer = vm.time_evaluator("invoke_stateful", dev, number=1, repeat=5, min_repeat_ms=100)
+    return lambda: float(np.median(timer("main").results))
+
+
 def run_model(ex: Any, inputs: dict[str, np.ndarray], target: Target, *, time_it: bool = True
               ) -> tuple[list[np.ndarray], float | None]:
     """Outputs of the compiled model, and its median latency (s) when ``time_it``."""
-    _tvm.runtime_threads_env(num_cores(target))
-    dev = tvm.cuda(0) if target.kind.name == "cuda" else tvm.cpu(0)
-    vm = relax.VirtualMachine(ex, dev)
-    args = [tvm.runtime.tensor(v, dev) for v in inputs.values()]
+    vm, _, args = _vm(ex, inputs, target)
     out = vm["main"](*args)
     outs = [o.numpy() for o in out] if isinstance(out, (list, tuple)) or type(out).__name__ == "Array" else [
         out.numpy()]
-    latency = None
-    if time_it:
-        vm.set_input("main", *args)
-        timer = vm.time_evaluator("invoke_stateful", dev, number=1, repeat=5, min_repeat_ms=100)
-        latency = float(np.median(timer("main").results))
-    return outs, latency
+    return outs, (model_timer(ex, inputs, target)() if time_it else None)
+
+
+def kernel_times(ex: Any, inputs: dict[str, np.ndarray], target: Target, runs: int = 20) -> dict[str, float]:
+    """Seconds per model run spent in each kernel (by function name), timed inside the model.
+
+    A kernel timed alone on warm caches (as tuning measures it) can run faster than the
+    same kernel between its neighbours in the model, where its weights and inputs come
+    from further away. A VM instrument times every kernel call of ``runs`` runs (after one
+    warm-up); each figure is the median over runs of the kernel's summed calls in one run,
+    and includes the instrument's own cost (about a microsecond a call). VM builtins
+    (allocation, tuples) are not kernels and are left out.
+    """
+    vm, _, args = _vm(ex, inputs, target)
+    per_run: dict[str, list[float]] = {}
+    current: dict[str, float] = {}
+    started = [0.0]
+
+    def instrument(func: Any, symbol: str, before: bool, ret: Any, *call_args: Any) -> int:
+        if symbol.startswith("vm."):
+            return 0
+        if before:
+            started[0] = time.perf_counter()
+        else:
+            current[symbol] = current.get(symbol, 0.0) + time.perf_counter() - started[0]
+        return 0
+
+    vm.set_instrument(instrument)
+    for i in range(runs + 1):
+        current.clear()
+        vm["main"](*args)
+        if i:
+            for symbol, secs in current.items():
+                per_run.setdefault(symbol, []).append(secs)
+    return {symbol: float(np.median(v)) for symbol, v in per_run.items()}
+
+
+def interleaved(timers: dict[str, Callable[[], float]], rounds: int = 3) -> dict[str, float]:
+    """Each peer's median latency over ``rounds`` rounds, the peers taking turns in every
+    round, so that a slow spell of a shared machine falls on all of them alike."""
+    samples: dict[str, list[float]] = {name: [] for name in timers}
+    for _ in range(rounds):
+        for name, timer in timers.items():
+            samples[name].append(timer())
+    return {name: float(np.median(v)) for name, v in samples.items()}
 
 
 def _timed(fn: Any, min_s: float = 0.5, min_runs: int = 3) -> float:
@@ -105,15 +157,22 @@ def _timed(fn: Any, min_s: float = 0.5, min_runs: int = 3) -> float:
     return float(np.median(times))
 
 
-def run_onnxruntime(onnx_model: Any, inputs: dict[str, np.ndarray], threads: int
-                    ) -> tuple[list[np.ndarray], float]:
+def onnxruntime_timer(onnx_model: Any, inputs: dict[str, np.ndarray], threads: int
+                      ) -> tuple[list[np.ndarray], Callable[[], float]]:
+    """ONNX Runtime's outputs (CPU provider, default graph optimizations, ``threads`` intra-op
+    threads) and a function returning one latency sample (s): the median run over 0.5 s."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     sess = ort.InferenceSession(onnx_model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    outs = sess.run(None, inputs)
-    return outs, _timed(lambda: sess.run(None, inputs))
+    return sess.run(None, inputs), lambda: _timed(lambda: sess.run(None, inputs))
+
+
+def run_onnxruntime(onnx_model: Any, inputs: dict[str, np.ndarray], threads: int
+                    ) -> tuple[list[np.ndarray], float]:
+    outs, timer = onnxruntime_timer(onnx_model, inputs, threads)
+    return outs, timer()
 
 
 def run_pytorch(program: Any, inputs: dict[str, np.ndarray], threads: int) -> tuple[list[np.ndarray], float]:
