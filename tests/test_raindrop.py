@@ -131,3 +131,34 @@ def test_failures_never_win():
     drop.tell(batch, [MeasureResult(run_secs=(1.0, 1.0, 1.0)) if c.remeasure
                       else MeasureResult.failure(ErrorKind.WRONG_RESULT, "bad") for c in batch])
     assert drop.position == (1,) and drop.moves == 0
+
+
+def test_register_tiles_are_measured_first_then_the_neighbours():
+    space = GridSpace((5, 5), 10)
+    jumps = [(0, 0), (9, 9), (2, 2)]
+    drop = Raindrop(space, make((5, 5)), (1e-3,) * 5, budget=50, config=RaindropConfig(batch_size=8),
+                    register_tiles=jumps)
+    first = drop.propose()
+    assert {c.position for c in first if not c.remeasure} == set(jumps)
+    assert drop.radius == 0
+    # none is faster: the search goes on with the neighbours at radius 1, no radius skipped
+    drop.tell(first, [MeasureResult(run_secs=(2e-3,) * 5) if not c.remeasure else MeasureResult(run_secs=(1e-3,) * 5)
+                      for c in first])
+    assert drop.budget == 47 and drop.radius == 1
+    second = drop.propose()
+    assert all(sum(abs(a - b) for a, b in zip(c.position, (5, 5))) == 1 for c in second if not c.remeasure)
+
+
+def test_a_faster_register_tile_becomes_the_incumbent():
+    space = GridSpace((5, 5), 10)
+    drop = Raindrop(space, make((5, 5)), (1e-3,) * 5, budget=50, register_tiles=[(1, 1)])
+    batch = drop.propose()
+    drop.tell(batch, [MeasureResult(run_secs=(1e-3,) * 5) if c.remeasure else MeasureResult(
+        run_secs=(5e-4, 5.1e-4, 4.9e-4, 5e-4, 5.05e-4)) for c in batch])
+    assert drop.position == (1, 1) and drop.radius == 1 and drop.moves == 1
+
+
+def test_register_tiles_can_be_turned_off():
+    drop = Raindrop(GridSpace((5, 5), 10), make((5, 5)), (1e-3,) * 5, budget=50,
+                    config=RaindropConfig(register_tiles=0), register_tiles=[(1, 1)])
+    assert all((1, 1) != c.position for c in drop.propose() if not c.remeasure)

@@ -9,7 +9,7 @@ import tvm
 from tvm import te, topi
 
 from stormdrop import _tvm
-from stormdrop.space import DecisionSpace, _tile_steps, divisors_with_omega, prime_factors
+from stormdrop.space import DecisionSpace, _prod, _tile_steps, divisors_with_omega, prime_factors
 from stormdrop.storm import make_context
 from stormdrop.target import host_target
 from stormdrop.workloads import parse_kernel
@@ -89,3 +89,31 @@ def test_pooling_blocks_get_the_default_rules_without_a_warning(capfd):
     spaces = make_context(mod, host_target(), seed=0, threads=1).generate_design_space()
     assert spaces and "Unknown schedule rule" not in capfd.readouterr().err
     assert all("meta_schedule.pool_max" not in sch.mod.script() for sch in spaces)
+
+
+@pytest.mark.parametrize("spec,lanes,registers", [
+    ("conv2d:N=1,C=32,H=14,W=14,K=64,R=3,S=3,pad=1,layout=NHWC", 16, 32),
+    ("dense:M=24,N=96,K=64", 8, 16),
+])
+def test_register_tiles_are_micro_kernels_of_the_same_loops(spec, lanes, registers):
+    space = next(s for s in _spaces(spec) if sum(c.kind == "tile" and c.size == 4 for c in s.coordinates) >= 2)
+    jumps = space.register_tiles(space.start, lanes, registers)
+    assert jumps and space.start not in jumps
+    spatial = [k for k, c in enumerate(space.coordinates) if c.kind == "tile" and c.size == 4]
+    for pos in jumps:
+        for k, (old, new) in enumerate(zip(space.start, pos)):
+            if k not in spatial:
+                assert old == new, "only the spatial tiles move"
+            else:
+                assert new[2] == 1 and _prod(new) == _prod(old), "a split of the same extent, middle level 1"
+        width = pos[spatial[-1]][3]
+        assert width % lanes == 0 and width <= 4 * lanes, "the vector loop is 1-4 vectors"
+        accumulators = width // lanes * _prod(tuple(pos[k][3] for k in spatial[:-1]))
+        assert registers // 4 <= accumulators <= registers - 4
+        assert _prod(tuple(pos[k][0] for k in spatial)) >= 4, "two parallel chunks per core at least"
+    assert sum(space.apply(p) is not None for p in jumps[:6]) >= 1
+
+
+def test_no_register_tiles_when_the_vector_loop_is_not_a_multiple_of_the_lanes():
+    space = next(iter(_spaces("dense:M=16,N=20,K=32")))
+    assert space.register_tiles(space.start, 16) == []

@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--json", default=None, metavar="PATH", help="write the result as JSON")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--pvalue", type=float, default=0.05, help="raindrop acceptance threshold (t-test)")
+    t.add_argument("--register-tiles", type=int, default=8, metavar="N",
+                   help="CPU: the raindrop first measures up to N register-blocked micro-kernel shapes of the "
+                        "best schedule's innermost tiles (0: off)")
     t.add_argument("--batch-size", type=_positive(int), default=16, help="storm candidates per batch")
     t.add_argument("--repeat", type=_positive(int), default=5, help="timed samples per candidate")
     t.add_argument("--min-repeat-ms", type=_positive(float), default=20.0)
@@ -131,13 +134,13 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         return _cmd_tune_model(args)
     kernel = parse_kernel(args.kernel)  # validate input before any slow work
     target = parse_target(args.target)
-    if not 0 < args.pvalue <= 1:
-        raise SpecError(f"--pvalue must be in (0, 1], got {args.pvalue}")
+    raindrop = _raindrop_config(args)
     measure = _measure_config(args)
     log.info("tuning %s on %s", kernel.name, describe(target))
     result = tune_kernel(kernel, target=target, trials=64 if args.trials is None else args.trials, exploit_trials=args.exploit_trials,
                          time_budget=args.time_budget, db=args.db, seed=args.seed, pvalue=args.pvalue,
                          measure=measure, storm=StormConfig(batch_size=max(1, args.batch_size), prior=args.prior),
+                         raindrop=raindrop,
                          reuse=max(0, args.reuse),
                          progress=not args.no_progress and sys.stderr.isatty())
     print(task_table(result.tasks))
@@ -146,6 +149,16 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump(result.to_json(), f, indent=2)
     return 0
+
+
+def _raindrop_config(args: argparse.Namespace):
+    from .raindrop import RaindropConfig
+
+    if not 0 < args.pvalue <= 1:
+        raise SpecError(f"--pvalue must be in (0, 1], got {args.pvalue}")
+    if args.register_tiles < 0:
+        raise SpecError(f"--register-tiles must be >= 0, got {args.register_tiles}")
+    return RaindropConfig(pvalue=args.pvalue, register_tiles=args.register_tiles)
 
 
 def _measure_config(args: argparse.Namespace):
@@ -170,6 +183,7 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
     from .workloads.models import load_model, parse_input_shapes
 
     target = parse_target(args.target)
+    raindrop = _raindrop_config(args)
     model = load_model(args.model, input_shapes=parse_input_shapes(args.input_shape), batch=args.batch,
                        resolution=args.resolution, seq_len=args.seq_len, seed=args.seed)
     # --time-budget without --trials: the budget (and --trials-per-task) decide, no global cap
@@ -179,7 +193,7 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
                         seed=args.seed, pvalue=args.pvalue, output=args.output, measure=_measure_config(args),
                         storm=StormConfig(batch_size=max(1, args.batch_size), prior=args.prior),
                         reuse=max(0, args.reuse), layout=args.layout, fast_math=args.fast_math,
-                        progress=not args.no_progress)
+                        raindrop=raindrop, progress=not args.no_progress)
     print(task_table(result.tasks))
     lat = result.latency_s
     fmt = lambda v: "n/a" if v is None else f"{v * 1e3:.3f} ms"  # noqa: E731

@@ -31,22 +31,12 @@ import tvm
 from tvm import relax, te, topi
 from tvm.target import Target
 
+from .target import vector_lanes
+
 
 def channel_block(target: Target) -> int | None:
     """fp32 lanes of the target's widest vector unit (x86 LLVM targets), else ``None``."""
-    if target.kind.name != "llvm":
-        return None
-    from tvm.target import codegen
-
-    try:
-        features = set(codegen.llvm_get_cpu_features(target))
-    except Exception:  # noqa: BLE001 - a target LLVM cannot describe: no blocking
-        return None
-    if "avx512f" in features:
-        return 16
-    if "avx2" in features or "avx" in features:
-        return 8
-    return None
+    return vector_lanes(target)
 
 
 def _block(channels: int, width: int) -> int | None:

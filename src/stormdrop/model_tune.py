@@ -108,10 +108,12 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
                output: str | None = None, measure: MeasureConfig | None = None,
                storm: StormConfig | None = None, input_shapes: dict | None = None, batch: int = 1,
                resolution: int | None = None, seq_len: int | None = None, reuse: int = 8,
-               layout: str = "auto", fast_math: bool = True, progress: bool = False) -> ModelResult:
+               layout: str = "auto", fast_math: bool = True, raindrop: RaindropConfig | None = None,
+               progress: bool = False) -> ModelResult:
     """Tune every task of a model under a global trial and time budget, then compile and verify.
 
     ``trials=None``: no global cap; the time budget and ``trials_per_task`` end the tuning.
+    ``raindrop`` (default: ``RaindropConfig(pvalue=pvalue)``) configures every task's raindrop.
     """
     start = time.monotonic()
     tgt = parse_target(target)
@@ -128,7 +130,8 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
             first = first_batch_size(trials, len(tasks), (storm or StormConfig()).batch_size)
             cap = float("inf") if trials is None else trials
             tuners = [TaskTuner(s, trials=storm_per_task, exploit_trials=trials_per_task - storm_per_task,
-                                storm=storm, raindrop=RaindropConfig(pvalue=pvalue), reuse=reuse, first_batch=first)
+                                storm=storm, raindrop=raindrop or RaindropConfig(pvalue=pvalue), reuse=reuse,
+                                first_batch=first)
                       for s in sessions]
             states = [TaskState(w, max(k.flops, 1), k.op_class) for k, w in tasks]
             sched = GradientScheduler(states, seed=seed)

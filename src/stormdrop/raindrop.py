@@ -9,6 +9,12 @@ an improvement. When no neighbour at a radius improves, the radius widens
 (speculation) up to the longest coordinate; the search stops there, or when
 the budget is spent. Neighbours are tried in the order the storm's cost model
 ranks them, when one is given, so the likely winners are measured first.
+
+Before the first neighbours, the raindrop may try a few *register tiles*
+(``DecisionSpace.register_tiles``): jumps to micro-kernel shapes of the
+innermost tiles that single steps reach only through slower intermediate
+positions. They are told like neighbours (the t-test decides) and count
+against the budget; the cost model picks which ``register_tiles`` to measure.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ class RaindropConfig:
     # gives twice the steps of AutoTVM's 16 for the same trials.
     batch_size: int = 8
     remeasure_incumbent: bool = True
+    register_tiles: int = 8  # register-tile jumps measured first (0: none)
 
 
 def significantly_faster(candidate: tuple[float, ...], incumbent: tuple[float, ...], pvalue: float) -> bool:
@@ -58,7 +65,8 @@ class Raindrop:
 
     def __init__(self, space: DecisionSpace, incumbent: Candidate, incumbent_times: tuple[float, ...], *,
                  budget: int, seed: int = 0, config: RaindropConfig | None = None,
-                 rank: Callable[[list[Candidate]], list[float]] | None = None) -> None:
+                 rank: Callable[[list[Candidate]], list[float]] | None = None,
+                 register_tiles: list[tuple] = ()) -> None:
         self.space = space
         self.config = config or RaindropConfig()
         self.budget = budget
@@ -74,6 +82,10 @@ class Raindrop:
         self.queue: list[Candidate] = []
         self.moves = 0
         self.done = budget <= 0
+        if register_tiles and self.config.register_tiles > 0 and not self.done:
+            self.queue = self._candidates(register_tiles)[:self.config.register_tiles]
+            self.radius = 0 if self.queue else 1  # radius 0: the jumps; none wins -> radius 1
+            log.debug("raindrop: %d register tiles first", len(self.queue))
 
     def propose(self, limit: int | None = None) -> list[Candidate] | None:
         """The next batch of at most ``limit`` neighbours (plus the incumbent, re-measured), or None when done."""
@@ -93,8 +105,14 @@ class Raindrop:
         return batch
 
     def _expand(self, position: tuple, radius: int) -> list[Candidate]:
+        cands = self._candidates(self.space.neighbours(position, radius))
+        log.debug("raindrop: %d new neighbours at radius %d", len(cands), radius)
+        return cands
+
+    def _candidates(self, positions: list[tuple]) -> list[Candidate]:
+        """The unseen candidates at ``positions``, best-ranked first (shuffled without a cost model)."""
         cands = []
-        for pos in self.space.neighbours(position, radius):
+        for pos in positions:
             cand = self.space.apply(pos)
             if cand is None or cand.key in self.seen:
                 continue
@@ -105,7 +123,6 @@ class Raindrop:
             scores = self.rank(cands)
             order = sorted(range(len(cands)), key=lambda i: -scores[i])
             cands = [cands[i] for i in order]
-        log.debug("raindrop: %d new neighbours at radius %d", len(cands), radius)
         return cands
 
     def tell(self, candidates: list[Candidate], results: list[MeasureResult]) -> None:

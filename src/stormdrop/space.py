@@ -11,6 +11,12 @@ A *position* is one value per coordinate of an incumbent trace:
 - ``annotation``: the ``meta_schedule.parallel`` / ``meta_schedule.vectorize``
   extents the postprocessors use, ±r along an ordered list of values.
 
+A *register tile* (``DecisionSpace.register_tiles``) is a jump, not a step: the
+innermost tiles of a multi-level-tiled block set at once to a micro-kernel
+shape, the innermost (vectorized) loop a few vectors wide and the other
+innermost factors making enough accumulators to hide the FMA latency without
+spilling the vector registers.
+
 Applying a position replays the trace with the new decisions on the workload,
 then runs the target's postprocessors; a rejected schedule is no candidate.
 """
@@ -18,6 +24,7 @@ then runs the target's postprocessors; a rejected schedule is no candidate.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -192,6 +199,49 @@ class DecisionSpace:
             for o in options:
                 out.append(position[:k] + (o,) + position[k + 1:])
         return out
+
+    def register_tiles(self, position: tuple, lanes: int, registers: int = 32) -> list[tuple]:
+        """Positions whose innermost spatial tiles form a register-blocked micro-kernel.
+
+        The first multi-level-tiled block's spatial loops (4-level tiles, in loop order,
+        the last one vectorized) get innermost factors such that the vector loop is 1-4
+        vectors of ``lanes`` and the accumulators (vectors x the other innermost factors)
+        number between a quarter of ``registers`` and ``registers`` - 4; the middle level
+        becomes 1 and the rest goes to the second level. The parallel (outermost) level
+        either keeps the position's factors or runs the vector loop's outer part across
+        the cores. Positions with fewer parallel chunks than two per core are left out.
+        """
+        coords = self.coordinates
+        first = next((k for k, c in enumerate(coords) if c.kind == "tile" and c.size == 4), len(coords))
+        run = list(itertools.takewhile(lambda k: coords[k].kind == "tile" and coords[k].size == 4,
+                                       range(first, len(coords))))
+        if len(run) < 2:
+            return []
+        extent = {k: _prod(position[k]) for k in run}
+        vec, others = run[-1], [k for k in run[:-1] if extent[k] > 1]
+        widths = [lanes * m for m in (1, 2, 3, 4) if extent[vec] % (lanes * m) == 0
+                  and (coords[vec].max_innermost <= 0 or lanes * m <= coords[vec].max_innermost)]
+        lo, hi = max(1, registers // 4), registers - 4
+        out: list[tuple] = []
+        for width in widths:
+            choices = [[d for d in range(1, hi + 1) if extent[k] % d == 0] for k in others]
+            for inner in itertools.product(*choices):
+                accumulators = width // lanes * _prod(inner)
+                if not lo <= accumulators <= hi or sum(f > 1 for f in inner) > 2:
+                    continue
+                factors = {**dict(zip(others, inner)), vec: width}
+                for across_vector in (False, True):
+                    new = list(position)
+                    for k, f in factors.items():
+                        outer = extent[k] // f
+                        if across_vector:
+                            p0 = outer if k == vec else 1
+                        else:
+                            p0 = position[k][0] if outer % position[k][0] == 0 else 1
+                        new[k] = (p0, outer // p0, 1, f)
+                    if _prod(tuple(new[k][0] for k in factors)) >= 2 * self.num_cores:
+                        out.append(tuple(new))
+        return [p for p in dict.fromkeys(out) if p != position]
 
     def apply(self, position: tuple, phase: Phase = Phase.RAINDROP) -> Candidate | None:
         """The candidate at ``position``; None if TVM or a postprocessor rejects it."""

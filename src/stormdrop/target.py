@@ -117,6 +117,24 @@ def parse_target(text: str | dict | Target | None) -> Target:
         raise SpecError(f"--target: {first}") from None
 
 
+def vector_lanes(target: Target) -> int | None:
+    """fp32 lanes of the target's widest vector unit (x86 LLVM targets: 16 with AVX-512,
+    8 with AVX2), else ``None``."""
+    if target.kind.name != "llvm":
+        return None
+    from tvm.target import codegen
+
+    try:
+        features = set(codegen.llvm_get_cpu_features(target))
+    except Exception:  # noqa: BLE001 - a target LLVM cannot describe
+        return None
+    if "avx512f" in features:
+        return 16
+    if "avx2" in features or "avx" in features:
+        return 8
+    return None
+
+
 def canonical(target: Target) -> str:
     """Canonical JSON text of a target: the key under which records are stored."""
     return json.dumps(json.loads(str(target)), sort_keys=True)

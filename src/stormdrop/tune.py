@@ -25,7 +25,7 @@ from .raindrop import Raindrop, RaindropConfig
 from .records import MeasureResult, Phase, Record
 from .space import Candidate, DecisionSpace
 from .storm import Storm, StormConfig
-from .target import canonical, parse_target
+from .target import canonical, parse_target, vector_lanes
 from .workloads import Kernel, parse_kernel
 
 log = logging.getLogger("stormdrop")
@@ -241,8 +241,11 @@ class TaskTuner:
         incumbent = task.candidate_of(best[0], Phase.RAINDROP)
         space = DecisionSpace(task.kernel.mod, self.storm.ctx.space_generator.postprocs, incumbent.sch.trace,
                               num_cores=int(task.target.attrs.get("num-cores", 1)))
+        lanes = vector_lanes(task.target)
+        jumps = [] if not lanes or self.raindrop_config.register_tiles <= 0 or len(task.stored(Phase.RAINDROP)) \
+            else space.register_tiles(space.start, lanes, registers=32 if lanes >= 16 else 16)
         return Raindrop(space, incumbent, best[0].result.run_secs, budget=budget, seed=task.seed,
-                        config=self.raindrop_config, rank=self.storm.predict)
+                        config=self.raindrop_config, rank=self.storm.predict, register_tiles=jumps)
 
 
 def verify_best(task: TaskSession, k: int = 3) -> None:
