@@ -9,11 +9,17 @@ import sys
 import numpy as np
 import onnx
 import pytest
+import tvm
+import tvm.s_tir.meta_schedule as ms
 from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
 
+from stormdrop.database import Database
 from stormdrop.errors import SpecError
-from stormdrop.model_run import interleaved
-from stormdrop.model_tune import tune_model
+from stormdrop.layout import weight_transforms
+from stormdrop.model_run import apply_records, commit_best, interleaved
+from stormdrop.model_tune import extract_tasks, tune_model
+from stormdrop.target import canonical, host_target
 from stormdrop.workloads.models import load_model, parse_input_shapes
 
 
@@ -53,6 +59,22 @@ def test_tiny_onnx_network_tuned_compiled_and_matched(tmp_path):
     # CPU weights are layout-free: tuned convolutions read packed weights, folded at compile time,
     # and the compiled model still matched ONNX Runtime above.
     assert any("TransformLayout" in (t.trace_json or "") for t in result.tasks)
+    # ... and the weight re-layouts those tuned records ask for are folded away: the module
+    # that is compiled computes nothing per call on constants alone, though the records
+    # applied without the folding step do.
+    model = load_model(path)
+    fused, tasks = extract_tasks(model, host_target())
+    mdb = ms.database.MemoryDatabase()
+    with Database(tmp_path / "m.db") as db:
+        for kernel, _ in tasks:
+            entry = db.find_workload(kernel.mod)
+            best = db.best(entry.workload_id, canonical(host_target()), k=1)
+            commit_best(mdb, kernel.mod, best[0].trace_json, best[0].mean, host_target())
+    with host_target(), mdb, tvm.transform.PassContext(opt_level=3):
+        unfolded = relax.transform.SplitLayoutRewritePreproc()(
+            relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(fused))
+    assert weight_transforms(unfolded) >= 1
+    assert weight_transforms(apply_records(fused, mdb, host_target())) == 0
     doc = result.to_json()
     assert set(doc["latency_s"]) == {"untuned", "tuned", "onnxruntime"}
 
