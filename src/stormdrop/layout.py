@@ -33,10 +33,7 @@ from tvm.target import Target
 
 from .target import vector_lanes
 
-
-def channel_block(target: Target) -> int | None:
-    """fp32 lanes of the target's widest vector unit (x86 LLVM targets), else ``None``."""
-    return vector_lanes(target)
+channel_block = vector_lanes  # the channel block of ``blocked`` is the target's fp32 vector width
 
 
 def _block(channels: int, width: int) -> int | None:

@@ -83,23 +83,26 @@ def _vm(ex: Any, inputs: dict[str, np.ndarray], target: Target) -> tuple[Any, An
     return relax.VirtualMachine(ex, dev), dev, [tvm.runtime.tensor(v, dev) for v in inputs.values()]
 
 
-def model_timer(ex: Any, inputs: dict[str, np.ndarray], target: Target) -> Callable[[], float]:
-    """A function returning one latency sample (s) of the compiled model: the median of
-    5 means of >= 100 ms of back-to-back runs on the Relax VM."""
-    vm, dev, args = _vm(ex, inputs, target)
+def _timer(vm: Any, dev: Any, args: list) -> Callable[[], float]:
     vm.set_input("main", *args)
     timer = vm.time_evaluator("invoke_stateful", dev, number=1, repeat=5, min_repeat_ms=100)
     return lambda: float(np.median(timer("main").results))
 
 
+def model_timer(ex: Any, inputs: dict[str, np.ndarray], target: Target) -> Callable[[], float]:
+    """A function returning one latency sample (s) of the compiled model: the median of
+    5 means of >= 100 ms of back-to-back runs on the Relax VM."""
+    return _timer(*_vm(ex, inputs, target))
+
+
 def run_model(ex: Any, inputs: dict[str, np.ndarray], target: Target, *, time_it: bool = True
               ) -> tuple[list[np.ndarray], float | None]:
     """Outputs of the compiled model, and its median latency (s) when ``time_it``."""
-    vm, _, args = _vm(ex, inputs, target)
+    vm, dev, args = _vm(ex, inputs, target)
     out = vm["main"](*args)
     outs = [o.numpy() for o in out] if isinstance(out, (list, tuple)) or type(out).__name__ == "Array" else [
         out.numpy()]
-    return outs, (model_timer(ex, inputs, target)() if time_it else None)
+    return outs, (_timer(vm, dev, args)() if time_it else None)
 
 
 def kernel_times(ex: Any, inputs: dict[str, np.ndarray], target: Target, runs: int = 20) -> dict[str, float]:

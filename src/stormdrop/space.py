@@ -222,9 +222,9 @@ class DecisionSpace:
         widths = [lanes * m for m in (1, 2, 3, 4) if extent[vec] % (lanes * m) == 0
                   and (coords[vec].max_innermost <= 0 or lanes * m <= coords[vec].max_innermost)]
         lo, hi = max(1, registers // 4), registers - 4
+        choices = [[d for d in range(1, hi + 1) if extent[k] % d == 0] for k in others]
         out: list[tuple] = []
         for width in widths:
-            choices = [[d for d in range(1, hi + 1) if extent[k] % d == 0] for k in others]
             for inner in itertools.product(*choices):
                 accumulators = width // lanes * _prod(inner)
                 if not lo <= accumulators <= hi or sum(f > 1 for f in inner) > 2:
