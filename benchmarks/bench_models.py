@@ -41,6 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "'same' then gets as many trials as stormdrop measured")
     p.add_argument("--layout", default="auto", choices=["auto", "nhwc", "blocked", "nchw"],
                    help="stormdrop's convolution layout (MetaSchedule tunes the same fused module)")
+    p.add_argument("--winograd", default="auto", choices=["auto", "off", "2", "4"],
+                   help="stormdrop's 3x3 convolutions as Winograd (MetaSchedule tunes the same fused module)")
     p.add_argument("--rounds", type=int, default=5,
                    help="latencies: median over this many rounds in which the peers take turns")
     p.add_argument("--seed", type=int, default=0)
@@ -52,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run_ms(model, target, trials: int, seed: int, batch: int, layout: str) -> dict:
+def run_ms(model, target, trials: int, seed: int, batch: int, layout: str, winograd: str) -> dict:
     import functools
 
     import tvm.s_tir.meta_schedule as ms
@@ -68,7 +70,7 @@ def run_ms(model, target, trials: int, seed: int, batch: int, layout: str) -> di
         t0 = time.monotonic()
         # The same fused module and compile path as stormdrop's (tune_relax on the raw imported
         # module finds no task: it expects legalized, fused primitive functions).
-        fused, _ = extract_tasks(model, target, layout)
+        fused, _ = extract_tasks(model, target, layout, winograd=winograd)
         db = ms.relax_integration.tune_relax(fused, {}, target, work_dir, trials, num_trials_per_iter=batch,
                                              builder=builder, seed=seed)
         tuning_s = time.monotonic() - t0
@@ -105,10 +107,11 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
         try:
             r = tune_model(model, target=target, trials=None if args.time_budget else args.trials,
                            trials_per_task=args.trials_per_task, time_budget=args.time_budget,
-                           db=os.path.join(tmp, "sd.sqlite"), seed=args.seed, layout=args.layout)
+                           db=os.path.join(tmp, "sd.sqlite"), seed=args.seed, layout=args.layout,
+                           winograd=args.winograd)
             tuning_s = time.monotonic() - t0
             with Database(os.path.join(tmp, "sd.sqlite")) as db:
-                ex, rows = tuned_build(model, db, target, args.layout)
+                ex, rows = tuned_build(model, db, target, args.layout, winograd=args.winograd)
             task_times_in_model(ex, inputs, target, rows)
             in_model = {row.name: row.in_model_s for row in rows}
             timers["stormdrop"] = model_timer(ex, inputs, target)
@@ -128,7 +131,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
     for key, trials in runs:
         t0 = time.monotonic()
         try:
-            res = run_ms(model, target, trials, args.seed, args.ms_batch, args.layout)
+            res = run_ms(model, target, trials, args.seed, args.ms_batch, args.layout, args.winograd)
             outs, _ = run_model(res["ex"], inputs, target, time_it=False)
             err, scale = max_abs_diff(outs, ref)
             out[key] = {"tuning_s": res["tuning_s"], "budget": trials}
@@ -226,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
              f"- machine: {machine()}; target: `{canonical(target)}`", f"- command: `{' '.join(sys.argv)}`"
              + (f" (rows {', '.join(sorted(done))} from the earlier run that wrote {args.merge_json}: "
                 f"`{earlier['command']}`)" if args.merge_json else ""),
-             f"- {size}; stormdrop layout {args.layout}; "
+             f"- {size}; stormdrop layout {args.layout}, winograd {args.winograd}; "
              + (f"time budget {args.time_budget:.0f} s (per-task cap {args.trials_per_task} extended while time is "
                 "left; MetaSchedule 'same' = the trials stormdrop measured); "
                 if args.time_budget else

@@ -41,9 +41,9 @@ def _model(name: str):
     return load_model(name, resolution=32)
 
 
-def _compiled_untuned(name: str, layout: str, fast_math: bool = True):
+def _compiled_untuned(name: str, layout: str, fast_math: bool = True, winograd: str = "auto"):
     model = _model(name)
-    fused, tasks = extract_tasks(model, TARGET, layout, fast_math)
+    fused, tasks = extract_tasks(model, TARGET, layout, fast_math, winograd)
     mod = apply_records(fused, ms.database.MemoryDatabase(), TARGET)
     inputs = random_inputs(model, 0)
     outs, _ = run_model(tvm.compile(mod, target=TARGET), inputs, TARGET, time_it=False)
@@ -77,6 +77,39 @@ def test_blocked_layout_matches_onnxruntime_without_per_call_weight_transforms(n
         assert len(blocked) >= 0.8 * sum("conv2d" in t for t in tasks)
         if name == "mobilenet_v2":
             assert any("depthwise_conv2d_NCHWc" in t for t in tasks)
+
+
+@pytest.mark.parametrize("m", ["2", "4"])
+def test_winograd_convolutions_match_onnxruntime_without_per_call_weight_transforms(m):
+    """Every 3x3 stride-1 convolution of a tiny ResNet-18 as Winograd F(m x m, 3 x 3) (8x8 down
+    to 1x1 outputs: partial tiles), residual adds and ReLUs fused into them, the weights'
+    transform folded at compile time."""
+    mod, tasks, rel_err = _compiled_untuned("resnet18", "auto", winograd=m)
+    assert rel_err < 1e-4
+    assert weight_transforms(mod) == 0
+    winograd = [t for t in tasks if "conv2d_winograd" in t]
+    assert len(winograd) >= 4, tasks  # one or two per stage (with and without the residual add)
+    assert any("add" in t and "relu" in t for t in winograd), winograd
+    assert any("conv2d" in t and "winograd" not in t for t in tasks)  # the 7x7, strided and 1x1 stay direct
+
+
+def test_winograd_auto_keeps_small_images_and_few_channels_direct():
+    from stormdrop.winograd import choose_tile
+
+    assert choose_tile("auto", (56, 56), 64, 64) == 4
+    assert choose_tile("auto", (14, 14), 256, 256) == 2
+    assert choose_tile("auto", (4, 4), 512, 512) is None
+    assert choose_tile("auto", (56, 56), 8, 64) is None
+    assert choose_tile("off", (56, 56), 64, 64) is None
+    assert choose_tile("4", (4, 4), 512, 512) == 4
+    _, tasks, _ = _compiled_untuned("resnet18", "auto")  # 32x32 input: 3x3 outputs 8x8 (m=2) to 1x1 (direct)
+    winograd = [t for t in tasks if "winograd" in t]
+    assert winograd and len(winograd) < sum("conv2d" in t for t in tasks)
+
+
+def test_unknown_winograd_mode_is_a_spec_error():
+    with pytest.raises(SpecError, match="--winograd"):
+        extract_tasks(_model("resnet18"), TARGET, "auto", True, "8")
 
 
 def test_nchw_layout_keeps_the_model_as_it_is():

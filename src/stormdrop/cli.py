@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "NCHW8c on AVX2; nchw: as the model has them)")
     t.add_argument("--no-fast-math", dest="fast_math", action="store_false",
                    help="model: keep libm's scalar erf/exp/tanh (default: vectorizable approximations on CPUs)")
+    t.add_argument("--winograd", default="auto", choices=["auto", "off", "2", "4"],
+                   help="model: 3x3 stride-1 convolutions as Winograd F(m x m, 3 x 3) on CPUs (auto: m=4 where "
+                        "the output is at least 14x14; 2/4: every such convolution; off: all direct)")
     t.add_argument("--output", default=None, metavar="PATH", help="model: write the compiled model (.so)")
     t.add_argument("--input-shape", action="append", default=None, metavar="NAME:1x3x224x224")
     t.add_argument("--batch", type=_positive(int), default=1)
@@ -102,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--layout", default="auto", choices=["auto", "nhwc", "blocked", "nchw"])
     b.add_argument("--no-fast-math", dest="fast_math", action="store_false")
+    b.add_argument("--winograd", default="auto", choices=["auto", "off", "2", "4"])
     b.add_argument("--input-shape", action="append", default=None, metavar="NAME:1x3x224x224")
     b.add_argument("--batch", type=_positive(int), default=1)
     b.add_argument("--resolution", type=_positive(int), default=None)
@@ -193,6 +197,7 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
                         seed=args.seed, pvalue=args.pvalue, output=args.output, measure=_measure_config(args),
                         storm=StormConfig(batch_size=max(1, args.batch_size), prior=args.prior),
                         reuse=max(0, args.reuse), layout=args.layout, fast_math=args.fast_math,
+                        winograd=args.winograd,
                         raindrop=raindrop, progress=not args.no_progress)
     print(task_table(result.tasks))
     lat = result.latency_s
@@ -216,7 +221,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                        resolution=args.resolution, seq_len=args.seq_len, seed=args.seed)
     with _open_db(args.db) as db:
         result = bench_model(model, db=db, target=target, seed=args.seed, layout=args.layout,
-                             fast_math=args.fast_math)
+                             fast_math=args.fast_math, winograd=args.winograd)
     print(format_bench(result))
     if args.json:
         with open(args.json, "w") as f:

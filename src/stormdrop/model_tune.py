@@ -42,6 +42,8 @@ from .scheduler import GradientScheduler, TaskState
 from .storm import StormConfig
 from .target import canonical, parse_target
 from .tune import TaskResult, TaskSession, TaskTuner, verify_best
+from .winograd import MODES as WINOGRAD_MODES
+from .winograd import legalization as winograd_legalization
 from .workloads import Kernel
 from .workloads.models import Model, load_model
 
@@ -67,16 +69,20 @@ def _op_class(task_name: str) -> str:
     return re.sub(r"\d+$", "", task_name.removeprefix("fused_")) or task_name
 
 
-def extract_tasks(model: Model, target: Target, layout: str = "auto", fast_math: bool = True
-                  ) -> tuple[tvm.IRModule, list[tuple[Kernel, int]]]:
+def extract_tasks(model: Model, target: Target, layout: str = "auto", fast_math: bool = True,
+                  winograd: str = "auto") -> tuple[tvm.IRModule, list[tuple[Kernel, int]]]:
     """The fused module and its tuning tasks: (kernel, weight), identical workloads merged.
 
     ``layout``: the convolutions' layout, ``auto`` (NHWC on CPUs), ``nhwc``, ``blocked``
     (``NCHW{b}c``) or ``nchw`` (the model's own); see ``layout.convert_layout``.
     ``fast_math``: vectorizable erf/exp/tanh/sigmoid/softmax on CPUs (``fastmath``).
+    ``winograd``: 3x3 stride-1 NHWC convolutions as Winograd F(m x m, 3 x 3) on CPUs:
+    ``auto`` (where ``winograd.choose_tile`` expects a gain), ``off``, ``2`` or ``4`` (all).
     """
     if layout not in LAYOUTS:
         raise SpecError(f"--layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if winograd not in WINOGRAD_MODES:
+        raise SpecError(f"--winograd: expected one of {', '.join(WINOGRAD_MODES)}, got {winograd!r}")
     _tvm.load_tensor_intrinsics(target)
     with target:
         mod = relax.transform.CanonicalizeBindings()(model.mod)
@@ -84,6 +90,8 @@ def extract_tasks(model: Model, target: Target, layout: str = "auto", fast_math:
         rules = dict(layout_legalizations())
         if fast_math and target.kind.name == "llvm":
             rules.update(fastmath.legalizations())
+        if winograd != "off" and target.kind.name == "llvm":
+            rules["relax.nn.conv2d"] = winograd_legalization(winograd, rules["relax.nn.conv2d"])
         mod = relax.transform.LegalizeOps(rules)(mod)
         fused = relax.get_pipeline("zero")(mod)
         if prepack_weights(target):  # weights and constants become layout-free buffers of the kernels
@@ -108,7 +116,8 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
                output: str | None = None, measure: MeasureConfig | None = None,
                storm: StormConfig | None = None, input_shapes: dict | None = None, batch: int = 1,
                resolution: int | None = None, seq_len: int | None = None, reuse: int = 8,
-               layout: str = "auto", fast_math: bool = True, raindrop: RaindropConfig | None = None,
+               layout: str = "auto", fast_math: bool = True, winograd: str = "auto",
+               raindrop: RaindropConfig | None = None,
                progress: bool = False) -> ModelResult:
     """Tune every task of a model under a global trial and time budget, then compile and verify.
 
@@ -120,7 +129,7 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
     model = spec if isinstance(spec, Model) else load_model(
         spec, input_shapes=input_shapes, batch=batch, resolution=resolution, seq_len=seq_len, seed=seed)
     deadline = start + time_budget if time_budget else float("inf")
-    fused, tasks = extract_tasks(model, tgt, layout, fast_math)
+    fused, tasks = extract_tasks(model, tgt, layout, fast_math, winograd)
     storm_per_task = max(1, trials_per_task // 2)
     own_db = not isinstance(db, Database)
     database = Database(db or default_db_path()) if own_db else db
