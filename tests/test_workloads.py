@@ -211,6 +211,39 @@ def test_builtin_matches_numpy(spec, reference):
         assert (expected == 0).any() and (expected > 0).any()  # the epilogue is exercised
 
 
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize("op", ["conv2d", "conv2d_bias_relu"])
+def test_winograd_spec_matches_a_direct_convolution(op, m):
+    """``winograd=m``: the kernel takes the transformed weights a model's Winograd kernel takes
+    (``winograd.weight_transform``, done here as the model's build does it) and computes the
+    same convolution (a 7x9 output: partial tiles)."""
+    from tvm import te
+
+    from stormdrop.winograd import weight_transform
+
+    k = parse_kernel(f"{op}:N=1,C=8,H=7,W=9,K=16,R=3,S=3,pad=1,layout=NHWC,winograd={m}")
+    direct = parse_kernel(f"{op}:N=1,C=8,H=7,W=9,K=16,R=3,S=3,pad=1,layout=NHWC")
+    assert k.name == direct.name + f"_winograd{m}"
+    assert k.op_class == direct.op_class.replace("conv2d", "conv2d_winograd") != direct.op_class
+    assert k.flops == direct.flops  # a direct convolution's FLOPs: GFLOPS stay comparable
+    assert [shape for _, shape, _ in kernel_args(k.mod)][1] == (m + 2, m + 2, 8, 16)
+    rng = np.random.default_rng(0)
+    dev = tvm.cpu()
+    args = kernel_args(direct.mod)
+    inputs = [rng.standard_normal(shape).astype("float32") for _, shape, _ in args[:-1]]
+    g = te.placeholder((3, 3, 8, 16), "float32", name="g")
+    transform = tvm.compile(te.create_prim_func([g, weight_transform(g, m)]), target="llvm")
+    packed = tvm.runtime.empty((m + 2, m + 2, 8, 16), "float32", dev)
+    transform(tvm.runtime.tensor(inputs[1], dev), packed)
+    outs = []
+    for kernel, weights in ((direct, inputs[1]), (k, packed.numpy())):
+        out = tvm.runtime.empty(args[-1][1], "float32", dev)
+        ex = tvm.compile(kernel.mod, target={"kind": "llvm"})
+        ex["main"](*[tvm.runtime.tensor(x, dev) for x in [inputs[0], weights, *inputs[2:]]], out)
+        outs.append(out.numpy())
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+
+
 # ----------------------------------------------------------------------------- spec errors
 
 MM = "matmul:M=4,N=4"
@@ -238,6 +271,10 @@ ERROR_CASES = [
     ("conv2d:N=1,C=3,H=8,W=8,K=4,R=3,S=3,stride=0", ["stride=0", "positive"]),
     ("conv2d:N=1,C=3,H=8,W=8,K=4,R=3,S=3,layout=NCWH", ["bad layout 'NCWH'", "NCHW or NHWC"]),
     ("conv2d_bias_relu:N=1,C=3,H=8,W=8,K=4,R=3,S=3,layout=HWC", ["bad layout"]),
+    ("conv2d:N=1,C=8,H=8,W=8,K=8,R=3,S=3,layout=NHWC,winograd=3", ["winograd=3", "winograd=2 or 4"]),
+    ("conv2d:N=1,C=8,H=8,W=8,K=8,R=3,S=3,winograd=4", ["layout=NHWC", "got layout=NCHW"]),
+    ("conv2d:N=1,C=8,H=8,W=8,K=8,R=3,S=3,stride=2,layout=NHWC,winograd=2", ["stride=1", "stride=2"]),
+    ("conv2d:N=1,C=8,H=8,W=8,K=8,R=1,S=1,layout=NHWC,winograd=2", ["R=3", "R=1"]),
     ("nosuchfile.py", ["names no function", "file.py:function_name"]),
 ]
 

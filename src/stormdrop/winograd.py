@@ -13,13 +13,19 @@ by the blocks' ``schedule_rule``) tile, unroll and place them; the GEMM gets the
 multi-level tiling of every GEMM, and the raindrop walks all of their decisions.
 
 Which m (``choose_tile``, ``auto``): the GEMMs read (m + 2)^2 / 9 times more weight
-bytes than a direct convolution and reuse each only over the image's tiles, so small
-images with many channels want the smaller tile. Chosen on ResNet-18's four 3x3 shapes
-(so ResNets are not held out for this choice), each tuned 48 + 48 trials alone: m = 4
-wins at 56x56 and 28x28 outputs (1.8x and 2.3x faster than direct, m = 2 10-30% behind
-it), m = 2 at 14x14 (as fast as m = 4, in 2.6x less tuning time) and 7x7 (1.35x faster
-than direct, m = 4 no faster than direct). Outputs under 7x7 and convolutions with
-fewer than 16 channels stay direct (not measured).
+bytes than a direct convolution and reuse each only over the image's tiles. Inside a
+model the weights come from memory, not from the caches they sit in when a kernel is
+timed over and over, so a Winograd kernel on a small image is bound by streaming its
+larger weights: ResNet-18's 7x7-output convolutions as F(2x2) ran 1.35x faster than
+direct when tuned alone but 2.1x slower inside the model (1367 vs 660 us a call,
+16.8 MB of transformed weights against 9.4 MB; RESULTS.md "Models, 2026-11-24 01:12").
+Streaming (m + 2)^2 * 4 bytes per channel pair at ~14 GB/s costs less than a direct
+convolution's 18 * H * W FLOPs per pair at ~400 GFLOPS only when H * W > ~6.3 (m + 2)^2:
+above ~10x10 outputs for m = 2, ~15x15 for m = 4. Tuned alone on ResNet-18's shapes
+(48 + 48 trials): m = 4 wins at 56x56 and 28x28 (1.8x and 2.3x faster than direct, m = 2
+10-30% behind it), m = 2 equals m = 4 at 14x14 in 2.6x less tuning time. So: m = 4 from
+28x28, m = 2 from 14x14, direct below (and under 16 channels, not measured). ResNets
+are not held out for this choice.
 """
 
 from __future__ import annotations
@@ -109,7 +115,7 @@ def choose_tile(mode: str, out_hw: tuple[int, int], ci: int, co: int) -> int | N
         return None
     if mode in ("2", "4"):
         return int(mode)
-    if min(out_hw) < 7 or min(ci, co) < 16:
+    if min(out_hw) < 14 or min(ci, co) < 16:
         return None
     return 4 if min(out_hw) >= 28 else 2
 

@@ -15,7 +15,7 @@ from ._spec import parse_int, parse_params
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 LAYOUTS = ("NCHW", "NHWC")
 _STRING_KEYS = ("dtype", "layout")
-_NON_NEGATIVE_KEYS = ("pad",)
+_NON_NEGATIVE_KEYS = ("pad", "winograd")
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ def _conv_out(op: str, v: dict[str, Any], k_key: str = "K") -> tuple[int, int]:
 def _conv_name(op: str, v: dict[str, Any], keys: tuple[str, ...]) -> str:
     parts = [f"{k.lower()}{v[k]}" for k in keys] + [f"st{v['stride']}", f"p{v['pad']}"]
     layout = "_nhwc" if v.get("layout") == "NHWC" else ""
+    layout += f"_winograd{v['winograd']}" if v.get("winograd") else ""
     return f"{op}_" + "_".join(parts) + layout + _suffix(v)
 
 
@@ -144,7 +145,17 @@ def _conv_core(op: str, v: dict[str, Any]) -> tuple[te.Tensor, te.Tensor, te.Ten
     n, c, h, w, k, r, s, dt = (*(v[key] for key in _CONV_KEYS), v["dtype"])
     oh, ow = _conv_out(op, v)
     st, pad = v["stride"], v["pad"]
-    if v["layout"] == "NHWC":
+    if v["winograd"]:  # the weights come transformed, [m + 2, m + 2, C, K], as a model's are
+        m = v["winograd"]
+        if m not in (2, 4) or v["layout"] != "NHWC" or (r, s, st) != (3, 3, 1):
+            raise SpecError(f"{op}: winograd={m} needs winograd=2 or 4 (0: off), layout=NHWC, R=3, S=3, "
+                            f"stride=1 (got layout={v['layout']}, R={r}, S={s}, stride={st})")
+        from ..winograd import conv2d_nhwc as winograd_conv2d_nhwc
+
+        data = te.placeholder((n, h, w, c), dt, name="data")
+        weight = te.placeholder((m + 2, m + 2, c, k), dt, name="weight")
+        out = winograd_conv2d_nhwc(data, weight, (pad,) * 4, m, dt)
+    elif v["layout"] == "NHWC":
         data = te.placeholder((n, h, w, c), dt, name="data")
         weight = te.placeholder((r, s, c, k), dt, name="weight")
         out = topi.nn.conv2d_nhwc(data, weight, st, pad, 1, out_dtype=dt)
@@ -159,6 +170,7 @@ def _conv2d(v: dict[str, Any]) -> Built:
     data, weight, out, outputs = _conv_core("conv2d", v)
     flops = 2 * outputs * v["C"] * v["R"] * v["S"]
     op_class = "conv2d_nhwc" if v["layout"] == "NHWC" else "conv2d"
+    op_class = "conv2d_winograd_nhwc" if v["winograd"] else op_class
     return Built([data, weight, out], flops, _conv_name("conv2d", v, _CONV_KEYS), op_class)
 
 
@@ -170,6 +182,7 @@ def _conv2d_bias_relu(v: dict[str, Any]) -> Built:
     out = _bias_relu(conv, bias)
     flops = 2 * outputs * v["C"] * v["R"] * v["S"] + 2 * outputs
     op_class = "conv2d_bias_relu_nhwc" if v["layout"] == "NHWC" else "conv2d_bias_relu"
+    op_class = "conv2d_winograd_bias_relu_nhwc" if v["winograd"] else op_class
     name = _conv_name("conv2d_bias_relu", v, _CONV_KEYS)
     return Built([data, weight, bias, out], flops, name, op_class)
 
@@ -189,7 +202,7 @@ def _depthwise_conv2d(v: dict[str, Any]) -> Built:
 
 
 _DT = (("dtype", "float32"),)
-_CONV_OPT = (("stride", "1"), ("pad", "0"), ("layout", "NCHW"), *_DT)
+_CONV_OPT = (("stride", "1"), ("pad", "0"), ("layout", "NCHW"), ("winograd", "0"), *_DT)
 
 OPERATORS: dict[str, OpDef] = {
     "matmul": OpDef(("M", "N", "K"), _DT, _matmul),
