@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPU: the raindrop first measures up to N register-blocked micro-kernel shapes of the "
                         "best schedule's innermost tiles (0: off)")
     t.add_argument("--batch-size", type=_positive(int), default=16, help="storm candidates per batch")
-    t.add_argument("--repeat", type=_positive(int), default=5, help="timed samples per candidate")
+    t.add_argument("--repeat", type=_positive(int), default=5,
+                   help="timed samples per candidate (at least 2: the raindrop's t-test compares them)")
     t.add_argument("--min-repeat-ms", type=_positive(float), default=20.0)
     t.add_argument("--cache-flush", action="store_true", help="flush the CPU cache before each sample")
     t.add_argument("--build-timeout", type=_positive(float), default=60.0)
@@ -162,6 +163,8 @@ def _raindrop_config(args: argparse.Namespace):
         raise SpecError(f"--pvalue must be in (0, 1], got {args.pvalue}")
     if args.register_tiles < 0:
         raise SpecError(f"--register-tiles must be >= 0, got {args.register_tiles}")
+    if args.repeat < 2:
+        raise SpecError(f"--repeat must be >= 2: the raindrop's t-test compares samples, got {args.repeat}")
     return RaindropConfig(pvalue=args.pvalue, register_tiles=args.register_tiles)
 
 
