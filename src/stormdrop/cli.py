@@ -80,8 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-fast-math", dest="fast_math", action="store_false",
                    help="model: keep libm's scalar erf/exp/tanh (default: vectorizable approximations on CPUs)")
     t.add_argument("--winograd", default="auto", choices=["auto", "off", "2", "4"],
-                   help="model: 3x3 stride-1 convolutions as Winograd F(m x m, 3 x 3) on CPUs (auto: m=4 where "
-                        "the output is at least 14x14; 2/4: every such convolution; off: all direct)")
+                   help="model: 3x3 stride-1 convolutions as Winograd F(m x m, 3 x 3) on CPUs (auto: m=4 for outputs "
+                        "of at least 28x28, m=2 down to 7x7; 2/4: every such convolution; off: all direct)")
+    t.add_argument("--combine-matmuls", action="store_true",
+                   help="model: matmuls of one input by constant weights (Q/K/V) as one GEMM and a split")
     t.add_argument("--output", default=None, metavar="PATH", help="model: write the compiled model (.so)")
     t.add_argument("--input-shape", action="append", default=None, metavar="NAME:1x3x224x224")
     t.add_argument("--batch", type=_positive(int), default=1)
@@ -107,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--layout", default="auto", choices=["auto", "nhwc", "blocked", "nchw"])
     b.add_argument("--no-fast-math", dest="fast_math", action="store_false")
     b.add_argument("--winograd", default="auto", choices=["auto", "off", "2", "4"])
+    b.add_argument("--combine-matmuls", action="store_true")
     b.add_argument("--input-shape", action="append", default=None, metavar="NAME:1x3x224x224")
     b.add_argument("--batch", type=_positive(int), default=1)
     b.add_argument("--resolution", type=_positive(int), default=None)
@@ -200,7 +203,7 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
                         seed=args.seed, pvalue=args.pvalue, output=args.output, measure=_measure_config(args),
                         storm=StormConfig(batch_size=max(1, args.batch_size), prior=args.prior),
                         reuse=max(0, args.reuse), layout=args.layout, fast_math=args.fast_math,
-                        winograd=args.winograd,
+                        winograd=args.winograd, combine_matmuls=args.combine_matmuls,
                         raindrop=raindrop, progress=not args.no_progress)
     print(task_table(result.tasks))
     lat = result.latency_s
@@ -224,7 +227,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                        resolution=args.resolution, seq_len=args.seq_len, seed=args.seed)
     with _open_db(args.db) as db:
         result = bench_model(model, db=db, target=target, seed=args.seed, layout=args.layout,
-                             fast_math=args.fast_math, winograd=args.winograd)
+                             fast_math=args.fast_math, winograd=args.winograd,
+                             combine_matmuls=args.combine_matmuls)
     print(format_bench(result))
     if args.json:
         with open(args.json, "w") as f:
