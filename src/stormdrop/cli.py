@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model: keep libm's scalar erf/exp/tanh (default: vectorizable approximations on CPUs)")
     t.add_argument("--winograd", default="auto", choices=["auto", "off", "2", "4"],
                    help="model: 3x3 stride-1 convolutions as Winograd F(m x m, 3 x 3) on CPUs (auto: m=4 for outputs "
-                        "of at least 28x28, m=2 down to 7x7; 2/4: every such convolution; off: all direct)")
+                        "of at least 28x28, m=2 down to 14x14; 2/4: every such convolution; off: all direct)")
     t.add_argument("--combine-matmuls", action="store_true",
                    help="model: matmuls of one input by constant weights (Q/K/V) as one GEMM and a split")
     t.add_argument("--output", default=None, metavar="PATH", help="model: write the compiled model (.so)")
