@@ -41,9 +41,10 @@ def _model(name: str):
     return load_model(name, resolution=32)
 
 
-def _compiled_untuned(name: str, layout: str, fast_math: bool = True, winograd: str = "auto"):
+def _compiled_untuned(name: str, layout: str, fast_math: bool = True, winograd: str = "auto",
+                      combine_matmuls: bool = False):
     model = _model(name)
-    fused, tasks = extract_tasks(model, TARGET, layout, fast_math, winograd)
+    fused, tasks = extract_tasks(model, TARGET, layout, fast_math, winograd, combine_matmuls)
     mod = apply_records(fused, ms.database.MemoryDatabase(), TARGET)
     inputs = random_inputs(model, 0)
     outs, _ = run_model(tvm.compile(mod, target=TARGET), inputs, TARGET, time_it=False)
@@ -145,6 +146,32 @@ def test_fast_math_encoder_matches_onnxruntime():
     mod, tasks, rel_err = _compiled_untuned("bert_base", "blocked", fast_math=True)
     assert rel_err < 1e-4
     assert any("fast_erf" in t or "fast_" in t for t in tasks) or "fast_erf" in mod.script()
+
+
+def _relax_matmuls(mod) -> int:
+    from tvm import relax
+
+    calls = []
+    relax.analysis.post_order_visit(mod["main"], lambda e: calls.append(e) if isinstance(e, relax.Call) and isinstance(
+        e.op, tvm.ir.Op) and e.op.name == "relax.matmul" else None)
+    return len(calls)
+
+
+def test_combined_qkv_projections_are_one_gemm_and_match_onnxruntime():
+    from stormdrop import _tvm
+    from stormdrop.workloads import kernel_args
+
+    model = _model("bert_base")  # 2 layers, hidden 768
+    merged = _tvm.combine_parallel_matmuls(model.mod)
+    assert _relax_matmuls(merged) == _relax_matmuls(model.mod) - 2 * 2  # 3 projections -> 1, per layer
+
+    def widths(tasks):
+        return {shape[-1] for k, _ in tasks for _, shape, _ in kernel_args(k.mod) if shape}
+
+    assert 3 * 768 in widths(extract_tasks(model, TARGET, combine_matmuls=True)[1])  # Q, K and V at once
+    assert 3 * 768 not in widths(extract_tasks(model, TARGET)[1])  # off by default
+    _, _, rel_err = _compiled_untuned("bert_base", "auto", combine_matmuls=True)
+    assert rel_err < 1e-4
 
 
 @pytest.mark.parametrize("op", ["erf", "exp", "tanh", "sigmoid"])

@@ -60,6 +60,41 @@ def test_transferred_conv_schedule_replays_and_computes_the_right_answer():
     assert moved >= 1
 
 
+def _stored_best(db, kernel, op_class, seed=0):
+    """``kernel`` in ``db`` under ``op_class`` with one (fake-timed) record: a design-space sample."""
+    from stormdrop.records import MeasureResult, Record
+    from stormdrop.space import Candidate
+    from stormdrop.target import canonical
+
+    entry = db.commit_workload(kernel.mod, name=kernel.name, op_class=op_class, flops=kernel.flops)
+    sch = make_context(kernel.mod, host_target(), seed=seed).generate_design_space()[0]
+    cand = Candidate.from_schedule(sch, Phase.STORM)
+    db.commit_record(Record(entry.workload_id, canonical(host_target()), cand.key, cand.trace_json, "[]",
+                            MeasureResult(run_secs=(1e-4,) * 3), Phase.STORM, 0.0))
+    return entry
+
+
+def test_a_donor_that_does_not_transfer_gives_its_place_to_the_next(tmp_path):
+    """With one donor allowed, the nearest (a dense labelled as a matmul: its trace names
+    blocks a matmul lacks) fails to transfer; the next-nearest matmul takes its place (it
+    used to leave the reuse phase empty)."""
+    from stormdrop.reuse import reuse_candidates
+    from stormdrop.target import canonical
+
+    with Database(tmp_path / "d.db") as db:
+        _stored_best(db, parse_kernel("matmul:M=64,N=64,K=64"), "matmul")
+        _stored_best(db, parse_kernel("dense:M=48,N=80,K=64"), "matmul")  # the same FLOPs as the target
+        kernel = parse_kernel("matmul:M=48,N=80,K=64")
+        entry = db.commit_workload(kernel.mod, name=kernel.name, op_class="matmul", flops=kernel.flops)
+        postprocs = make_context(kernel.mod, host_target(), seed=0).space_generator.postprocs
+        cands = reuse_candidates(db, entry, canonical(host_target()), postprocs, limit=1)
+    assert len(cands) == 1 and cands[0].phase is Phase.REUSE
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(shape).astype(dtype) for _, shape, dtype in kernel_args(kernel.mod)]
+    np.testing.assert_allclose(_run(cands[0].sch.mod, [a.copy() for a in args]),
+                               _run(kernel.mod, [a.copy() for a in args]), rtol=1e-4, atol=1e-4)
+
+
 def test_reuse_phase_measures_transfers_from_a_same_class_kernel(tmp_path):
     db = tmp_path / "r.db"
     tune_kernel("matmul:M=64,N=64,K=64", trials=8, exploit_trials=0, db=db, seed=0)

@@ -102,6 +102,47 @@ def test_kill_9_loses_nothing_and_the_rerun_measures_nothing_twice(tmp_path):
     assert len(keys) == len(set(keys)), "a schedule was measured twice"
 
 
+class _KilledGateway:
+    """A gateway whose process dies (KeyboardInterrupt stands in for the kill) after it has
+    timed ``survive`` candidates of a batch; the results it had are real ones."""
+
+    def __init__(self, survive: int) -> None:
+        self.survive = survive
+
+    def prepare(self, key, workload, seed=0):
+        pass
+
+    def measure(self, key, mods, on_result=None):
+        from stormdrop.records import MeasureResult
+
+        for i in range(self.survive):
+            if on_result is not None:
+                on_result(i, MeasureResult(run_secs=(1e-3 * (i + 1),) * 3))
+        raise KeyboardInterrupt
+
+
+def test_a_kill_mid_batch_keeps_every_result_measured_before_it(tmp_path):
+    """Results are committed as they arrive, not once the batch is done: a kill after 3 of a
+    batch of 8 leaves those 3 in the database (it used to leave none of the 8)."""
+    from stormdrop.target import host_target
+    from stormdrop.tune import TaskSession
+
+    kernel = parse_kernel(SPEC)
+    storm = Storm(kernel.mod, host_target(), trials=8, seed=0)
+    cands = storm.propose()
+    storm.close()
+    assert len(cands) == 8
+    with Database(tmp_path / "m.db") as db:
+        task = TaskSession(db, _KilledGateway(survive=3), kernel, host_target(), seed=0)
+        with pytest.raises(KeyboardInterrupt):
+            task.evaluate(cands)
+    with Database(tmp_path / "m.db") as db:
+        (entry,) = db.workloads()
+        stored = db.records(entry.workload_id)
+    assert sorted(r.candidate_key for r in stored) == sorted(c.key for c in cands[:3])
+    assert [r.mean for r in sorted(stored, key=lambda r: r.mean)] == pytest.approx([1e-3, 2e-3, 3e-3])
+
+
 def _safe_rows(db):
     try:
         return _rows(db)
@@ -174,6 +215,8 @@ def test_cli_json_export_import_show(tmp_path):
     (["tune", "--kernel", "matmul:M=4,N=4,K=4", "--target", "{oops"], "--target"),
     (["tune", "--kernel", "matmul:M=4,N=4,K=4", "--trials", "many"], "--trials"),
     (["tune", "--kernel", "matmul:M=4,N=4,K=4", "--pvalue", "3"], "pvalue"),
+    (["tune", "--kernel", "matmul:M=4,N=4,K=4", "--repeat", "1"], "t-test"),
+    (["tune", "--model", "resnet18", "--repeat", "1"], "--repeat"),
     (["tune"], "--kernel"),
     (["show", "--db", "/nonexistent/x.db"], "no database"),
     (["import", "--db", "IGNORED", "/nonexistent/dir"], "nonexistent"),

@@ -28,6 +28,11 @@
   MobileNetV2's time at 224x224) and never fused into its convolution.
   ``clip_as_relax_op`` makes the importer emit Relax ``maximum``/``minimum`` ops when the
   bounds are constant scalars (other Clips keep the importer's own conversion).
+- ``relax.transform.CombineParallelMatmul`` (one GEMM for a transformer's Q, K and V
+  projections, which share their input) matches only weights and biases bound to
+  variables; an imported model's are inline constants, so it merged nothing.
+  ``combine_parallel_matmuls`` binds them to variables first, runs the pass, and folds
+  the concatenated weights back into constants.
 """
 
 from __future__ import annotations
@@ -216,3 +221,31 @@ def clip_as_relax_op() -> None:
     clip._impl_v13 = classmethod(impl_v13)
     clip._impl_v11 = classmethod(impl_v13)
     clip._impl_v1 = classmethod(impl_v1)
+
+
+def _bind_constant_operands(func: Any) -> Any:
+    """``func`` with the constant right-hand operands of matmuls and adds bound to variables."""
+    from tvm import relax
+
+    @relax.expr_functor.mutator
+    class Bind(relax.PyExprMutator):
+        def visit_call_(self, call: Any) -> Any:
+            call = super().visit_call_(call)
+            if (isinstance(call.op, tvm.ir.Op) and call.op.name in ("relax.matmul", "relax.add")
+                    and isinstance(call.args[1], tvm.ir.expr.Constant)):
+                operand = self.builder_.emit(call.args[1], "operand")
+                return relax.Call(call.op, [call.args[0], operand], call.attrs, call.ty_args)
+            return call
+
+    return Bind().visit_expr(func)
+
+
+def combine_parallel_matmuls(mod: tvm.IRModule) -> tvm.IRModule:
+    """Matmuls of one input by constant weights (with their bias adds) merged into one matmul
+    and a split: TVM's ``CombineParallelMatmul`` once the constants are bound (see above)."""
+    from tvm import relax
+
+    bound = tvm.IRModule({gv: _bind_constant_operands(f) if isinstance(f, relax.Function) else f
+                          for gv, f in mod.functions.items()}, attrs=mod.attrs)
+    combined = relax.transform.CombineParallelMatmul()(bound)
+    return relax.transform.CanonicalizeBindings()(relax.transform.FoldConstant()(combined))

@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPU: the raindrop first measures up to N register-blocked micro-kernel shapes of the "
                         "best schedule's innermost tiles (0: off)")
     t.add_argument("--batch-size", type=_positive(int), default=16, help="storm candidates per batch")
-    t.add_argument("--repeat", type=_positive(int), default=5, help="timed samples per candidate")
+    t.add_argument("--repeat", type=_positive(int), default=5,
+                   help="timed samples per candidate (at least 2: the raindrop's t-test compares them)")
     t.add_argument("--min-repeat-ms", type=_positive(float), default=20.0)
     t.add_argument("--cache-flush", action="store_true", help="flush the CPU cache before each sample")
     t.add_argument("--build-timeout", type=_positive(float), default=60.0)
@@ -79,8 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-fast-math", dest="fast_math", action="store_false",
                    help="model: keep libm's scalar erf/exp/tanh (default: vectorizable approximations on CPUs)")
     t.add_argument("--winograd", default="auto", choices=["auto", "off", "2", "4"],
-                   help="model: 3x3 stride-1 convolutions as Winograd F(m x m, 3 x 3) on CPUs (auto: m=4 where "
-                        "the output is at least 14x14; 2/4: every such convolution; off: all direct)")
+                   help="model: 3x3 stride-1 convolutions as Winograd F(m x m, 3 x 3) on CPUs (auto: m=4 for outputs "
+                        "of at least 28x28, m=2 down to 14x14; 2/4: every such convolution; off: all direct)")
+    t.add_argument("--combine-matmuls", action="store_true",
+                   help="model: matmuls of one input by constant weights (Q/K/V) as one GEMM and a split")
     t.add_argument("--output", default=None, metavar="PATH", help="model: write the compiled model (.so)")
     t.add_argument("--input-shape", action="append", default=None, metavar="NAME:1x3x224x224")
     t.add_argument("--batch", type=_positive(int), default=1)
@@ -106,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--layout", default="auto", choices=["auto", "nhwc", "blocked", "nchw"])
     b.add_argument("--no-fast-math", dest="fast_math", action="store_false")
     b.add_argument("--winograd", default="auto", choices=["auto", "off", "2", "4"])
+    b.add_argument("--combine-matmuls", action="store_true")
     b.add_argument("--input-shape", action="append", default=None, metavar="NAME:1x3x224x224")
     b.add_argument("--batch", type=_positive(int), default=1)
     b.add_argument("--resolution", type=_positive(int), default=None)
@@ -162,6 +166,8 @@ def _raindrop_config(args: argparse.Namespace):
         raise SpecError(f"--pvalue must be in (0, 1], got {args.pvalue}")
     if args.register_tiles < 0:
         raise SpecError(f"--register-tiles must be >= 0, got {args.register_tiles}")
+    if args.repeat < 2:
+        raise SpecError(f"--repeat must be >= 2: the raindrop's t-test compares samples, got {args.repeat}")
     return RaindropConfig(pvalue=args.pvalue, register_tiles=args.register_tiles)
 
 
@@ -197,7 +203,7 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
                         seed=args.seed, pvalue=args.pvalue, output=args.output, measure=_measure_config(args),
                         storm=StormConfig(batch_size=max(1, args.batch_size), prior=args.prior),
                         reuse=max(0, args.reuse), layout=args.layout, fast_math=args.fast_math,
-                        winograd=args.winograd,
+                        winograd=args.winograd, combine_matmuls=args.combine_matmuls,
                         raindrop=raindrop, progress=not args.no_progress)
     print(task_table(result.tasks))
     lat = result.latency_s
@@ -221,7 +227,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                        resolution=args.resolution, seq_len=args.seq_len, seed=args.seed)
     with _open_db(args.db) as db:
         result = bench_model(model, db=db, target=target, seed=args.seed, layout=args.layout,
-                             fast_math=args.fast_math, winograd=args.winograd)
+                             fast_math=args.fast_math, winograd=args.winograd,
+                             combine_matmuls=args.combine_matmuls)
     print(format_bench(result))
     if args.json:
         with open(args.json, "w") as f:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -160,16 +161,33 @@ class Gateway:
             raise MeasureError(f"cannot compute the reference output of {key}: {reason}")
         self._references.add(key)
 
-    def measure(self, key: str, mods: list[tvm.IRModule]) -> list[MeasureResult]:
-        """Build all ``mods`` (scheduled versions of workload ``key``), then time each."""
+    def measure(self, key: str, mods: list[tvm.IRModule],
+                on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:
+        """Build all ``mods`` (scheduled versions of workload ``key``), then time each.
+
+        ``on_result(i, result)`` hears each result as soon as it is known (build failures
+        after the builds, each run as it ends), so a caller can commit it at once: a
+        kill then loses only the candidates still in flight, not the whole batch.
+        """
         t0 = time.monotonic()
         built = self._build_all(mods)
         t1 = time.monotonic()
-        results = [b if isinstance(b, MeasureResult) else self._run(key, b) for b in built]
         self.stats["build_s"] += t1 - t0
-        self.stats["run_s"] += time.monotonic() - t1
-        self.stats["measured"] += len(mods)
-        return results
+        results: list[MeasureResult | None] = [b if isinstance(b, MeasureResult) else None for b in built]
+        if on_result is not None:
+            for i, r in enumerate(results):
+                if r is not None:
+                    on_result(i, r)
+        try:
+            for i, b in enumerate(built):
+                if results[i] is None:
+                    results[i] = self._run(key, b)
+                    if on_result is not None:
+                        on_result(i, results[i])
+        finally:
+            self.stats["run_s"] += time.monotonic() - t1
+            self.stats["measured"] += sum(r is not None for r in results)
+        return results  # type: ignore[return-value]
 
     def _build_all(self, mods: list[tvm.IRModule]) -> list[dict | MeasureResult]:
         out: list[dict | MeasureResult] = [MeasureResult.failure(ErrorKind.BUILD_ERROR, "not built")] * len(mods)

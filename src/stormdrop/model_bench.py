@@ -71,10 +71,10 @@ class BenchResult:
 
 
 def tuned_build(model: Model, db: Database, target: Target, layout: str = "auto", fast_math: bool = True,
-                winograd: str = "auto") -> tuple[Any, list[TaskRow]]:
+                winograd: str = "auto", combine_matmuls: bool = False) -> tuple[Any, list[TaskRow]]:
     """The model compiled with the best stored record of every task, and one row per task."""
     key = canonical(target)
-    fused, tasks = extract_tasks(model, target, layout, fast_math, winograd)
+    fused, tasks = extract_tasks(model, target, layout, fast_math, winograd, combine_matmuls)
     mdb = ms.database.MemoryDatabase()
     rows = []
     for kernel, weight in tasks:
@@ -100,12 +100,13 @@ def task_times_in_model(ex: Any, inputs: dict, target: Target, rows: list[TaskRo
 
 
 def bench_model(spec: Any, *, db: Database, target: Any = None, seed: int = 0, layout: str = "auto",
-                fast_math: bool = True, winograd: str = "auto", **load_kw: Any) -> BenchResult:
+                fast_math: bool = True, winograd: str = "auto", combine_matmuls: bool = False,
+                **load_kw: Any) -> BenchResult:
     """Measure ``spec`` untuned, tuned from ``db``, in ONNX Runtime and in PyTorch when available."""
     tgt = parse_target(target)
     model = spec if isinstance(spec, Model) else load_model(spec, seed=seed, **load_kw)
     result = BenchResult(canonical(tgt), model.name)
-    ex, result.tasks = tuned_build(model, db, tgt, layout, fast_math, winograd)
+    ex, result.tasks = tuned_build(model, db, tgt, layout, fast_math, winograd, combine_matmuls)
     inputs = random_inputs(model, seed)
     threads = num_cores(tgt)
     untuned_outs, result.latency_s["untuned"] = run_model(tvm.compile(model.mod, target=tgt), inputs, tgt)

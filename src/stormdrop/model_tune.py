@@ -70,7 +70,8 @@ def _op_class(task_name: str) -> str:
 
 
 def extract_tasks(model: Model, target: Target, layout: str = "auto", fast_math: bool = True,
-                  winograd: str = "auto") -> tuple[tvm.IRModule, list[tuple[Kernel, int]]]:
+                  winograd: str = "auto", combine_matmuls: bool = False
+                  ) -> tuple[tvm.IRModule, list[tuple[Kernel, int]]]:
     """The fused module and its tuning tasks: (kernel, weight), identical workloads merged.
 
     ``layout``: the convolutions' layout, ``auto`` (NHWC on CPUs), ``nhwc``, ``blocked``
@@ -78,6 +79,10 @@ def extract_tasks(model: Model, target: Target, layout: str = "auto", fast_math:
     ``fast_math``: vectorizable erf/exp/tanh/sigmoid/softmax on CPUs (``fastmath``).
     ``winograd``: 3x3 stride-1 NHWC convolutions as Winograd F(m x m, 3 x 3) on CPUs:
     ``auto`` (where ``winograd.choose_tile`` expects a gain), ``off``, ``2`` or ``4`` (all).
+    ``combine_matmuls``: matmuls of one input by constant weights (a transformer's Q, K and
+    V projections) merged into one GEMM and a split. Off by default: not yet measured to
+    pay (in BERT-base at seq 128 the three 768-wide projections already ran at the
+    2304-wide FFN GEMMs' speed after 1200 s; the split is one more kernel).
     """
     if layout not in LAYOUTS:
         raise SpecError(f"--layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
@@ -86,6 +91,8 @@ def extract_tasks(model: Model, target: Target, layout: str = "auto", fast_math:
     _tvm.load_tensor_intrinsics(target)
     with target:
         mod = relax.transform.CanonicalizeBindings()(model.mod)
+        if combine_matmuls:  # Q, K and V projections (matmuls sharing their input) as one GEMM
+            mod = _tvm.combine_parallel_matmuls(mod)
         mod = relax.transform.Normalize()(convert_layout(mod, target, layout))
         rules = dict(layout_legalizations())
         if fast_math and target.kind.name == "llvm":
@@ -117,7 +124,7 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
                storm: StormConfig | None = None, input_shapes: dict | None = None, batch: int = 1,
                resolution: int | None = None, seq_len: int | None = None, reuse: int = 8,
                layout: str = "auto", fast_math: bool = True, winograd: str = "auto",
-               raindrop: RaindropConfig | None = None,
+               combine_matmuls: bool = False, raindrop: RaindropConfig | None = None,
                progress: bool = False) -> ModelResult:
     """Tune every task of a model under a global trial and time budget, then compile and verify.
 
@@ -129,7 +136,7 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
     model = spec if isinstance(spec, Model) else load_model(
         spec, input_shapes=input_shapes, batch=batch, resolution=resolution, seq_len=seq_len, seed=seed)
     deadline = start + time_budget if time_budget else float("inf")
-    fused, tasks = extract_tasks(model, tgt, layout, fast_math, winograd)
+    fused, tasks = extract_tasks(model, tgt, layout, fast_math, winograd, combine_matmuls)
     storm_per_task = max(1, trials_per_task // 2)
     own_db = not isinstance(db, Database)
     database = Database(db or default_db_path()) if own_db else db

@@ -8,7 +8,11 @@ incumbent is re-measured in every batch, so a drifting machine does not fake
 an improvement. When no neighbour at a radius improves, the radius widens
 (speculation) up to the longest coordinate; the search stops there, or when
 the budget is spent. Neighbours are tried in the order the storm's cost model
-ranks them, when one is given, so the likely winners are measured first.
+ranks them, when one is given, so the likely winners are measured first. A batch
+that the current radius cannot fill is topped up with the next radius's neighbours
+(measured now rather than in a short batch now and another later); after a move,
+neighbours generated but not measured are forgotten, so they can come back as
+neighbours of the new position.
 
 Before the first neighbours, the raindrop may try a few *register tiles*
 (``DecisionSpace.register_tiles``): jumps to micro-kernel shapes of the
@@ -80,6 +84,7 @@ class Raindrop:
         self.max_radius = max(1, space.max_radius)
         self.seen: set[str] = {incumbent.key}
         self.queue: list[Candidate] = []
+        self.ahead: list[Candidate] | None = None  # the next radius's neighbours, drawn on to fill a batch
         self.moves = 0
         self.done = budget <= 0
         if register_tiles and self.config.register_tiles > 0 and not self.done:
@@ -100,6 +105,11 @@ class Raindrop:
             return None
         n = max(1, min(self.config.batch_size, self.budget, limit or self.budget))
         batch, self.queue = self.queue[:n], self.queue[n:]
+        if len(batch) < n and self.radius + 1 <= self.max_radius:
+            if self.ahead is None:
+                self.ahead = self._expand(self.position, self.radius + 1)
+            take = n - len(batch)
+            batch, self.ahead = batch + self.ahead[:take], self.ahead[take:]
         if self.config.remeasure_incumbent:
             batch = [dataclasses.replace(self.incumbent, remeasure=True), *batch]
         return batch
@@ -146,10 +156,13 @@ class Raindrop:
             self.incumbent, self.incumbent_times = cand, tuple(result.run_secs)
             self.position = self.space.rebase(cand)  # its own (TVM-repaired) trace is the new base
             self.radius = 1
-            self.queue = []
+            # unmeasured neighbours of the old position may be neighbours of the new one
+            self.seen -= {c.key for c in (*self.queue, *(self.ahead or ()))}
+            self.queue, self.ahead = [], None
             self.moves += 1
             self.history.append(result.mean)
         elif not self.queue:
             self.radius += 1
+            self.queue, self.ahead = self.ahead or [], None
         if self.budget <= 0:
             self.done = True

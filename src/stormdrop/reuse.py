@@ -73,8 +73,9 @@ def transfer(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModule, 
         return None
 
 
-def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int) -> list[tuple[WorkloadEntry, str]]:
-    """(workload, best trace) of up to ``limit`` other workloads of the same class, nearest FLOPs first."""
+def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int | None = None
+           ) -> list[tuple[WorkloadEntry, str]]:
+    """(workload, best trace) of the other workloads of the same class (at most ``limit``), nearest FLOPs first."""
     out = []
     for other in db.workloads():
         if other.workload_id == entry.workload_id or other.op_class != entry.op_class:
@@ -88,9 +89,12 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int) -> l
 
 def reuse_candidates(db: Database, entry: WorkloadEntry, target_key: str, postprocs: list,
                      limit: int = 8) -> list[Candidate]:
-    """Transferred schedules for ``entry``, one per donor, distinct."""
+    """Transferred schedules for ``entry``, one per donor, distinct, at most ``limit``: a donor
+    whose schedule does not transfer gives its place to the next-nearest one."""
     cands, seen = [], set()
-    for donor, trace_json in donors(db, entry, target_key, limit):
+    for donor, trace_json in donors(db, entry, target_key):
+        if len(cands) >= limit:
+            break
         sch = transfer(donor.mod, trace_json, entry.mod, postprocs)
         if sch is None:
             continue

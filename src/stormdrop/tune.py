@@ -98,13 +98,14 @@ class TaskSession:
                 results[i] = rec.result
             else:
                 todo.append(i)
-        measured = self.gateway.measure(self.entry.shash, [cands[i].mod for i in todo])
         versions = f"stormdrop {__version__}; tvm {tvm.__version__}"
-        for i, r in zip(todo, measured):
+
+        def commit(j: int, r: MeasureResult) -> None:  # each result committed as it arrives
+            i = todo[j]
             results[i] = r
             c = cands[i]
             if c.remeasure:
-                continue
+                return
             self.db.commit_record(Record(self.entry.workload_id, self.target_key, c.key, c.trace_json,
                                          _args_json(c), r, c.phase, time.time(), versions))
             self.result.trials[c.phase.value] += 1
@@ -117,6 +118,8 @@ class TaskSession:
             if self.progress is not None:
                 self.progress.update(1)
                 self.progress.set_postfix_str(self.status(c.phase))
+
+        self.gateway.measure(self.entry.shash, [cands[i].mod for i in todo], on_result=commit)
         return results  # type: ignore[return-value]
 
     def status(self, phase: Phase) -> str:
