@@ -108,6 +108,21 @@ def test_winograd_auto_keeps_small_images_and_few_channels_direct():
     assert not any("winograd" in t for t in tasks)
 
 
+def test_winograd_tasks_count_a_direct_convolutions_flops():
+    """So that GFLOPS (task tables, a model's effective GFLOPS) compare Winograd and direct
+    kernels on the same work: the model's conv FLOPs are the same with Winograd on or off."""
+    model = _model("resnet18")
+
+    def conv_flops(winograd):
+        _, tasks = extract_tasks(model, TARGET, winograd=winograd)
+        return sum(k.flops * w for k, w in tasks if "conv2d" in k.name), [k.name for k, _ in tasks]
+
+    direct, _ = conv_flops("off")
+    flops, names = conv_flops("4")
+    assert any("winograd" in n for n in names)
+    assert abs(flops - direct) <= 0.01 * direct
+
+
 def test_unknown_winograd_mode_is_a_spec_error():
     with pytest.raises(SpecError, match="--winograd"):
         extract_tasks(_model("resnet18"), TARGET, "auto", True, "8")

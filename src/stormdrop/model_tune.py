@@ -43,6 +43,7 @@ from .storm import StormConfig
 from .target import canonical, parse_target
 from .tune import TaskResult, TaskSession, TaskTuner, verify_best
 from .winograd import MODES as WINOGRAD_MODES
+from .winograd import direct_flops as winograd_direct_flops
 from .winograd import legalization as winograd_legalization
 from .workloads import Kernel
 from .workloads.models import Model, load_model
@@ -113,6 +114,8 @@ def extract_tasks(model: Model, target: Target, layout: str = "auto", fast_math:
             flops = int(estimate_tir_flops(mod))
         except Exception:  # noqa: BLE001
             flops = 0
+        if "conv2d_winograd" in t.task_name:  # count a direct convolution's FLOPs: comparable GFLOPS
+            flops = winograd_direct_flops(mod) or flops
         out.append((Kernel(t.task_name, f"{model.name}:{t.task_name}", _op_class(t.task_name), mod, flops),
                     int(t.weight)))
     return fused, out

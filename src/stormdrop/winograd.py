@@ -147,3 +147,19 @@ def legalization(mode: str, fallback: Any) -> Any:
                           primfunc_name_hint="conv2d_winograd")
 
     return legalize
+
+
+def direct_flops(mod: Any) -> int | None:
+    """The FLOPs of the direct convolution a Winograd kernel computes (``None`` if ``mod`` is
+    not one): GFLOPS of Winograd and direct kernels then count the same work."""
+    from .workloads import kernel_args
+
+    args = kernel_args(mod)
+    out = args[-1][1]
+    if len(out) != 4:
+        return None
+    n, oh, ow, co = out
+    for _, shape, _ in args[:-1]:
+        if len(shape) == 4 and shape[0] == shape[1] and shape[0] in (4, 6) and shape[3] == co:
+            return 2 * n * oh * ow * co * shape[2] * 9
+    return None
