@@ -36,11 +36,9 @@ from tvm import relax, te, topi
 from tvm.topi.nn.winograd_util import winograd_transform_matrices
 from tvm.topi.utils import get_const_tuple
 
+from .layout import _ints
+
 MODES = ("auto", "off", "2", "4")
-
-
-def _ints(values: Any) -> list[int]:
-    return [int(v) for v in values]
 
 
 def weight_transform(kernel: te.Tensor, m: int) -> te.Tensor:
