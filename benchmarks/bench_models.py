@@ -48,6 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/RESULTS.md")
     p.add_argument("--json", default=None)
+    p.add_argument("--keep-db", default=None, metavar="DIR",
+                   help="keep stormdrop's database of each model as DIR/<model>.db (default: a temporary one)")
     p.add_argument("--merge-json", default=None,
                    help="a JSON written by an earlier run of this script (same target): its models are "
                         "not run again, their rows are put first in the table")
@@ -103,14 +105,18 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
     out = {"model": name}
     timers = {"onnxruntime": ort_timer}  # every peer's latency is taken at the end, peers taking turns
     with tempfile.TemporaryDirectory(prefix="bench-sd-") as tmp:
+        db_path = os.path.join(tmp, "sd.sqlite")
+        if args.keep_db:
+            os.makedirs(args.keep_db, exist_ok=True)
+            db_path = os.path.join(args.keep_db, f"{name}.db")
         t0 = time.monotonic()
         try:
             r = tune_model(model, target=target, trials=None if args.time_budget else args.trials,
                            trials_per_task=args.trials_per_task, time_budget=args.time_budget,
-                           db=os.path.join(tmp, "sd.sqlite"), seed=args.seed, layout=args.layout,
+                           db=db_path, seed=args.seed, layout=args.layout,
                            winograd=args.winograd)
             tuning_s = time.monotonic() - t0
-            with Database(os.path.join(tmp, "sd.sqlite")) as db:
+            with Database(db_path) as db:
                 ex, rows = tuned_build(model, db, target, args.layout, winograd=args.winograd)
             task_times_in_model(ex, inputs, target, rows)
             in_model = {row.name: row.in_model_s for row in rows}
