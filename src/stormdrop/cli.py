@@ -118,6 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("show", help="best record per workload")
     s.add_argument("--db", default=None)
 
+    r = sub.add_parser("report", help="an HTML page with plots of the tuning runs in a database")
+    r.add_argument("--db", default=None)
+    r.add_argument("--out", required=True, metavar="DIR", help="writes DIR/index.html (plots embedded)")
+    pick = r.add_mutually_exclusive_group()
+    pick.add_argument("--model", default=None, metavar="NAME", help="a model run in the database (its tasks)")
+    pick.add_argument("--workload", action="append", default=None, metavar="ID|NAME",
+                      help="only these workloads (repeatable; default: every workload)")
+    r.add_argument("--target", default=None, help="the target's records (default: the run's, or the most common)")
+    r.add_argument("--compare", default=None, metavar="PATH",
+                   help="another stormdrop database, or a MetaSchedule JSON database directory, overlaid")
+
     e = sub.add_parser("export", help="write the database in another format")
     e.add_argument("--db", default=None)
     e.add_argument("--format", default="metaschedule", choices=["metaschedule"])
@@ -267,6 +278,17 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .database import canonical_target, default_db_path
+    from .report_page import write_report
+
+    target = canonical_target(args.target) if args.target else None
+    out = write_report(args.db or default_db_path(), args.out, model=args.model, workloads=args.workload or (),
+                       target=target, compare=args.compare)
+    print(f"wrote {out}")
+    return 0
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     from .database import export_metaschedule
 
@@ -294,7 +316,7 @@ def _cmd_ops(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"tune": _cmd_tune, "bench": _cmd_bench, "show": _cmd_show, "export": _cmd_export, "import": _cmd_import, "ops": _cmd_ops,
+COMMANDS = {"tune": _cmd_tune, "bench": _cmd_bench, "show": _cmd_show, "report": _cmd_report, "export": _cmd_export, "import": _cmd_import, "ops": _cmd_ops,
             "zoo": _cmd_zoo}
 
 

@@ -301,6 +301,23 @@ class Database:
         )
         return int(rows[0][0])
 
+    # -- model runs -----------------------------------------------------------------------
+
+    def note_model(self, name: str, note: dict) -> None:
+        """Keep what a model run knows beyond its records (its tasks and weights, its latencies):
+        the ``meta`` row ``model:<name>``, replaced by the model's next run."""
+        try:
+            with self._lock:
+                self._c().execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                                  (f"model:{name}", json.dumps(note)))
+        except sqlite3.Error as e:
+            raise DatabaseError(f"database {self.path}: {one_line(e)}") from None
+
+    def model_notes(self) -> dict[str, dict]:
+        """Every model run's note, by model name (``note_model``)."""
+        rows = self._query("SELECT key, value FROM meta WHERE key LIKE 'model:%' ORDER BY key")
+        return {key.removeprefix("model:"): json.loads(value) for key, value in rows}
+
 
 def _as_module(mod: Any) -> tvm.IRModule:
     if isinstance(mod, tvm.IRModule):

@@ -23,6 +23,7 @@ from tvm.target import Target
 
 from . import _tvm, fastmath
 from .database import Database, default_db_path
+from .display import ModelDisplay, TaskLine, eta_s
 from .errors import SpecError, TuningError
 from .layout import LAYOUTS, convert_layout
 from .layout import legalizations as layout_legalizations
@@ -143,9 +144,14 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
     storm_per_task = max(1, trials_per_task // 2)
     own_db = not isinstance(db, Database)
     database = Database(db or default_db_path()) if own_db else db
+    display = None
     try:
         with Gateway(tgt, measure) as gateway:
             sessions = [TaskSession(database, gateway, k, tgt, seed) for k, _ in tasks]
+            note = {"target": canonical(tgt), "started_at": time.time(),
+                    "tasks": [{"workload_id": s.entry.workload_id, "name": k.name, "weight": w}
+                              for s, (k, w) in zip(sessions, tasks)]}
+            database.note_model(model.name, note)  # a killed run's report knows its tasks too
             first = first_batch_size(trials, len(tasks), (storm or StormConfig()).batch_size)
             cap = float("inf") if trials is None else trials
             tuners = [TaskTuner(s, trials=storm_per_task, exploit_trials=trials_per_task - storm_per_task,
@@ -155,6 +161,9 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
             states = [TaskState(w, max(k.flops, 1), k.op_class) for k, w in tasks]
             sched = GradientScheduler(states, seed=seed)
             used, exhausted, extended = 0, set(), {}
+            # no global cap and no time budget: the per-task caps bound the run
+            shown_cap = cap if trials is not None or time_budget else trials_per_task * len(tasks)
+            display = ModelDisplay() if progress else None
             while not (stopped_by := _budget_spent(used, cap, deadline)):
                 i = sched.next_task()
                 if i is None and time_budget:
@@ -177,9 +186,12 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
                 if tuners[i].done and extended.get(i) == _measured(sessions[i]):
                     exhausted.add(i)  # its extension found nothing new to measure
                 sched.tell(i, sessions[i].best, finished=tuners[i].done)
-                if progress:
-                    log.warning("[%4d/%s] %-40s %s", used, trials or "-", sessions[i].kernel.name[:40],
-                                sessions[i].status(tuners[i].phase))
+                if display is not None:
+                    lines = [TaskLine(k.name, w, tu.phase.value, se.best, _measured(se), se.result.trials["failed"])
+                             for (k, w), tu, se in zip(tasks, tuners, sessions)]
+                    now = time.monotonic()
+                    display.show(used, shown_cap, now - start, eta_s(used, now - start, shown_cap, deadline - now),
+                                 lines, current=i)
             for t, s, (_, weight) in zip(tuners, sessions, tasks):
                 t0 = time.monotonic()
                 t.finish()
@@ -189,7 +201,11 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
             result = ModelResult(canonical(tgt), model.name, time.monotonic() - start,
                                  [s.result for s in sessions], stopped_by=stopped_by)
             _compile_and_verify(result, model, fused, sessions, tgt, output, seed)
+            database.note_model(model.name, {**note, "tuning_s": result.tuning_s, "latency_s": result.latency_s,
+                                             "stopped_by": stopped_by})
     finally:
+        if display is not None:
+            display.close()
         if own_db:
             database.close()
     return result

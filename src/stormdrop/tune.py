@@ -10,6 +10,7 @@ and checked against the reference: only a verified kernel is reported.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from tvm.target import Target
 from . import __version__, _tvm
 from .database import Database, WorkloadEntry
 from .errors import TuningError
+from .history import Trial
 from .measure import Gateway, MeasureConfig
 from .raindrop import Raindrop, RaindropConfig
 from .records import MeasureResult, Phase, Record
@@ -43,7 +45,7 @@ class TaskResult:
     tuning_s: float
     trials: dict[str, int] = field(default_factory=lambda: {"reuse": 0, "storm": 0, "raindrop": 0, "failed": 0})
     trace_json: str | None = None
-    history: list[tuple[float, float]] = field(default_factory=list)  # (elapsed s, best latency s)
+    history: list[Trial] = field(default_factory=list)  # this run's measured trials, in order
     weight: int = 1  # occurrences in a model
 
     @property
@@ -53,7 +55,7 @@ class TaskResult:
     def to_json(self) -> dict:
         return {"name": self.name, "workload": self.workload, "flops": int(self.flops),
                 "latency_s": self.latency_s, "verified": self.verified, "tuning_s": round(self.tuning_s, 3),
-                "trials": dict(self.trials)}
+                "trials": dict(self.trials), "history": [t.to_json() for t in self.history]}
 
 
 @dataclass
@@ -114,7 +116,8 @@ class TaskSession:
                 log.debug("%s candidate failed: %s %s", c.phase.value, r.error.value, r.error_msg[:200])
             elif r.mean < self.best:
                 self.best = r.mean
-                self.result.history.append((time.monotonic() - self.started, r.mean))
+            self.result.history.append(Trial(len(self.result.history) + 1, time.monotonic() - self.started,
+                                             r.mean if r.ok else None, _finite(self.best), c.phase, r.error))
             if self.progress is not None:
                 self.progress.update(1)
                 self.progress.set_postfix_str(self.status(c.phase))
@@ -123,13 +126,19 @@ class TaskSession:
         return results  # type: ignore[return-value]
 
     def status(self, phase: Phase) -> str:
+        failed = self.result.trials["failed"]
+        tail = f" {failed} failed" if failed else ""
         if self.best == float("inf"):
-            return phase.value
-        return f"{phase.value} best {self.best * 1e6:.1f} us {self.kernel.flops / self.best / 1e9:.1f} GFLOPS"
+            return phase.value + tail
+        return f"{phase.value} best {self.best * 1e6:.1f} us {self.kernel.flops / self.best / 1e9:.1f} GFLOPS{tail}"
 
     def candidate_of(self, record: Record, phase: Phase) -> Candidate:
         sch = _tvm.schedule_from_trace_json(self.kernel.mod, record.trace_json)
         return Candidate.from_schedule(sch, phase)
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def _args_json(c: Candidate) -> str:
