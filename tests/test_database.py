@@ -184,7 +184,7 @@ def test_format_best_table(tmp_path: Path, mod, traces) -> None:
                 w2.workload_id,
                 matmul_mod(64),
                 traces[0],
-                MeasureResult.failure(ErrorKind.RUN_ERROR),
+                MeasureResult.failure(ErrorKind.RUN_TIMEOUT),
             )
         )
         db.commit_workload(matmul_mod(32), name="never_measured", op_class="matmul", flops=1)
@@ -192,14 +192,47 @@ def test_format_best_table(tmp_path: Path, mod, traces) -> None:
     lines = text.splitlines()
     assert lines[0] == f"Target: {TARGET_KEY}"
     assert [c.strip() for c in lines[1].split("|")] == [
-        "ID", "Name", "FLOP", "Weight", "Speed (GFLOPS)", "Latency (us)", "Trials", "Done"
+        "ID", "Name", "FLOP", "Weight", "Speed (GFLOPS)", "Latency (us)", "Trials", "Failed", "To retry",
+        "Done"
     ]  # fmt: skip
     row = [c.strip() for c in lines[3].split("|")]
     lat_us = 1.5 * 2**-12 * 1e6
     assert row[:4] == [str(wid), "matmul_128", str(2 * 128**3), "1"]
     assert float(row[5]) == pytest.approx(lat_us, abs=1e-3)
     assert float(row[4]) == pytest.approx(2 * 128**3 / lat_us / 1e3, rel=1e-4)
-    assert row[6:] == ["4", "Y"]
+    assert row[6:] == ["4", "1", "0", "Y"]  # a build error is final
     row2 = [c.strip() for c in lines[4].split("|")]
-    assert row2[1] == "mm64" and row2[4:7] == ["N/A", "N/A", "1"]
+    assert row2[1] == "mm64" and row2[4:9] == ["N/A", "N/A", "1", "0", "1"]  # a run timeout is retried
     assert "never_measured" not in text and "Total trials: 5" in text
+
+
+V1_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE workloads (workload_id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL,
+    op_class TEXT NOT NULL, flops INTEGER NOT NULL, shash TEXT NOT NULL, mod_json TEXT NOT NULL);
+CREATE TABLE records (record_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    workload_id INTEGER NOT NULL REFERENCES workloads (workload_id), target TEXT NOT NULL,
+    candidate_key TEXT NOT NULL, trace_json TEXT NOT NULL, args_info_json TEXT NOT NULL, run_secs TEXT,
+    mean_secs REAL, error TEXT, error_msg TEXT NOT NULL, phase TEXT NOT NULL, measured_at REAL NOT NULL,
+    versions TEXT NOT NULL, UNIQUE (workload_id, target, candidate_key));
+INSERT INTO meta VALUES ('schema_version', '1');
+"""
+
+
+def test_a_version_1_database_is_upgraded_in_place(tmp_path: Path, mod, traces) -> None:
+    """Version 1 had no attempts column: opening it adds the column, its records count one attempt."""
+    path = tmp_path / "v1.db"
+    with Database(tmp_path / "src.db") as src:
+        wid, stored = fill(src, mod, traces)
+        rows = src._query("SELECT * FROM records ORDER BY record_id")
+        wl = src._query("SELECT * FROM workloads")
+    conn = sqlite3.connect(path)
+    conn.executescript(V1_SCHEMA)
+    conn.executemany("INSERT INTO workloads VALUES (?, ?, ?, ?, ?, ?)", wl)
+    conn.executemany("INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [r[:13] for r in rows])
+    conn.commit()
+    conn.close()
+    with Database(path) as db:
+        got = db.records(wid)
+        assert got == stored and all(r.attempts == 1 for r in got)
+        assert db._query("SELECT value FROM meta WHERE key='schema_version'") == [(str(SCHEMA_VERSION),)]

@@ -237,3 +237,62 @@ def test_a_corrupt_database_is_refused_and_left_alone(tmp_path):
     r = _stormdrop("tune", "--kernel", SPEC, "--trials", "2", "--db", str(db), timeout=120)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert db.read_bytes() == b"this is not sqlite" * 100
+
+
+class _ScriptedGateway:
+    """A gateway that answers from a script of results (no build, no run)."""
+
+    def __init__(self, results):
+        self.results, self.calls = list(results), 0
+
+    def prepare(self, key, mod, seed=0):
+        pass
+
+    def measure(self, key, mods, on_result=None):
+        out = []
+        for i, _ in enumerate(mods):
+            self.calls += 1
+            r = self.results.pop(0)
+            out.append(r)
+            if on_result is not None:
+                on_result(i, r)
+        return out
+
+
+def test_run_timeouts_and_crashes_are_retried_once_by_the_next_run(tmp_path, traces):
+    """A retryable failure (run timeout, runner crash) is measured once more by the next run, before
+    anything new; a second failure is final; build errors and wrong results are never retried."""
+    from dbutil import TARGET, matmul_mod
+
+    from stormdrop.records import MeasureResult
+    from stormdrop.space import Candidate
+    from stormdrop.tune import TaskSession, TaskTuner
+    from stormdrop.workloads import Kernel
+
+    mod = matmul_mod()
+    kernel = Kernel("matmul_128", "matmul_128", "matmul", mod, 2 * 128**3)
+    cands = [Candidate.from_schedule(_tvm.schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:3]]
+    fail = MeasureResult.failure
+    with Database(tmp_path / "r.db") as db:
+        first = _ScriptedGateway([fail(ErrorKind.RUN_TIMEOUT, "no answer"), fail(ErrorKind.RUNNER_CRASH, "died"),
+                                  fail(ErrorKind.BUILD_ERROR, "boom")])
+        TaskSession(db, first, kernel, TARGET, 0).evaluate(cands)
+        wid = db.find_workload(mod).workload_id
+        assert [r.retry_due for r in db.records(wid)] == [True, True, False]
+        assert db.failures(wid, db.records(wid)[0].target) == (1, 2)
+
+        # the next run: the two retryable ones are measured again (one now runs, one times out again)
+        again = _ScriptedGateway([MeasureResult(run_secs=(1e-3, 1e-3)), fail(ErrorKind.RUN_TIMEOUT, "no answer")])
+        session = TaskSession(db, again, kernel, TARGET, 0)
+        assert TaskTuner(session, trials=0, exploit_trials=0, reuse=0)._retry()
+        recs = db.records(wid)
+        assert again.calls == 2 and [r.attempts for r in recs] == [2, 2, 1]
+        assert recs[0].result.ok and recs[1].result.error == ErrorKind.RUN_TIMEOUT
+        assert session.best == pytest.approx(1e-3) and session.result.trials["storm"] == 2
+        assert len(recs) == 3 and not any(r.retry_due for r in recs)
+        assert db.failures(wid, recs[0].target) == (2, 0)
+
+        # and the run after that retries nothing
+        last = _ScriptedGateway([])
+        assert not TaskTuner(TaskSession(db, last, kernel, TARGET, 0), trials=0, exploit_trials=0, reuse=0)._retry()
+        assert last.calls == 0

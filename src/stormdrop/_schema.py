@@ -10,7 +10,7 @@ from pathlib import Path
 from .errors import DatabaseError, one_line
 from .records import ErrorKind, MeasureResult, Phase, Record
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: records.attempts (a version-1 file gains the column when opened)
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS records (
     phase          TEXT    NOT NULL,
     measured_at    REAL    NOT NULL,
     versions       TEXT    NOT NULL,
+    attempts       INTEGER NOT NULL DEFAULT 1,
     UNIQUE (workload_id, target, candidate_key)
 );
 CREATE INDEX IF NOT EXISTS records_wl_target_mean ON records (workload_id, target, mean_secs);
@@ -49,13 +50,13 @@ CREATE INDEX IF NOT EXISTS records_wl_target_mean ON records (workload_id, targe
 
 RECORD_COLS = (
     "record_id, workload_id, target, candidate_key, trace_json, args_info_json, "
-    "run_secs, error, error_msg, phase, measured_at, versions"
+    "run_secs, error, error_msg, phase, measured_at, versions, attempts"
 )
 WORKLOAD_COLS = "workload_id, name, op_class, flops, shash, mod_json"
 
 
 def record_from_row(row: tuple) -> Record:
-    (rid, wid, target, key, trace_json, args_json, run_secs, error, error_msg, phase, at, ver) = row
+    (rid, wid, target, key, trace_json, args_json, run_secs, error, error_msg, phase, at, ver, attempts) = row
     if error is None:
         result = MeasureResult(run_secs=tuple(float(x) for x in json.loads(run_secs or "[]")))
     else:
@@ -71,6 +72,7 @@ def record_from_row(row: tuple) -> Record:
         measured_at=float(at),
         versions=ver,
         record_id=int(rid),
+        attempts=int(attempts),
     )
 
 
@@ -79,7 +81,7 @@ def open_connection(path: str) -> sqlite3.Connection:
     p = Path(path)
     if p.is_dir():
         raise DatabaseError(f"database path is a directory: {path}")
-    fresh = not p.exists()
+    fresh, version = not p.exists(), SCHEMA_VERSION
     if not fresh:
         try:
             with open(p, "rb") as f:
@@ -90,7 +92,7 @@ def open_connection(path: str) -> sqlite3.Connection:
         if not fresh and header != SQLITE_MAGIC:
             raise DatabaseError(f"not an SQLite database: {path}")
         if not fresh:
-            fresh = _check_existing(p, path)
+            fresh, version = _check_existing(p, path)
     else:
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
@@ -116,14 +118,19 @@ def open_connection(path: str) -> sqlite3.Connection:
                 (str(SCHEMA_VERSION),),
             )
             conn.execute("COMMIT")
+        elif version == 1:  # upgrade in place: one column, every old record measured once
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ALTER TABLE records ADD COLUMN attempts INTEGER NOT NULL DEFAULT 1")
+            conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
+            conn.execute("COMMIT")
     except sqlite3.Error as e:
         conn.close()
         raise DatabaseError(f"cannot open database {path}: {one_line(e)}") from None
     return conn
 
 
-def _check_existing(p: Path, path: str) -> bool:
-    """Validate an existing SQLite file read-only; True if it holds no tables yet."""
+def _check_existing(p: Path, path: str) -> tuple[bool, int]:
+    """Validate an existing SQLite file read-only: (whether it holds no tables yet, its schema version)."""
     uri = "file:" + urllib.parse.quote(str(p.resolve())) + "?mode=ro"
     try:
         conn = sqlite3.connect(uri, uri=True, timeout=60.0)
@@ -134,16 +141,16 @@ def _check_existing(p: Path, path: str) -> bool:
             r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
         }
         if not tables:
-            return True
+            return True, SCHEMA_VERSION
         if not {"meta", "workloads", "records"} <= tables:
             raise DatabaseError(f"not a stormdrop database (missing tables): {path}")
         row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        if row is None or row[0] != str(SCHEMA_VERSION):
+        if row is None or row[0] not in (str(SCHEMA_VERSION), "1"):
             found = "none" if row is None else row[0]
             raise DatabaseError(
                 f"database {path} has schema version {found}, expected {SCHEMA_VERSION}"
             )
-        return False
+        return False, int(row[0])
     except sqlite3.Error as e:
         raise DatabaseError(f"corrupt database {path}: {one_line(e)}") from None
     finally:

@@ -27,7 +27,7 @@ import tvm_ffi
 
 from ._schema import RECORD_COLS, WORKLOAD_COLS, open_connection, record_from_row
 from .errors import DatabaseError, one_line
-from .records import ErrorKind, Phase, Record
+from .records import ErrorKind, MeasureResult, Phase, Record
 from .target import canonical, from_canonical
 
 
@@ -250,6 +250,31 @@ class Database:
     def commit_record(self, record: Record) -> Record:
         """Store and commit one record; a duplicate candidate returns the stored record."""
         return self._commit_record(record)[0]
+
+    def commit_retry(self, record: Record, result: MeasureResult, measured_at: float, versions: str) -> Record:
+        """Store a re-measurement of a stored record (a retryable failure): its result replaces the
+        failure, its attempts go up by one, committed before this returns."""
+        run_secs = None if result.run_secs is None else json.dumps([float(x) for x in result.run_secs])
+        mean = result.mean if result.ok and math.isfinite(result.mean) else None
+        error = None if result.error is None else ErrorKind(result.error).value
+        with self.transaction():
+            try:
+                self._c().execute(
+                    "UPDATE records SET run_secs=?, mean_secs=?, error=?, error_msg=?, measured_at=?, versions=?,"
+                    " attempts=attempts+1 WHERE record_id=?",
+                    (run_secs, mean, error, result.error_msg, float(measured_at), versions, int(record.record_id)))
+            except sqlite3.Error as e:
+                raise DatabaseError(f"database {self.path}: {one_line(e)}") from None
+            stored = self.lookup(record.workload_id, record.target, record.candidate_key)
+        assert stored is not None
+        return stored
+
+    def failures(self, workload_id: int, target: str) -> tuple[int, int]:
+        """Failed records of a workload on a target: (final, to be retried by the next run)."""
+        rows = self._query("SELECT error, attempts, COUNT(*) FROM records WHERE workload_id=? AND target=?"
+                           " AND error IS NOT NULL GROUP BY error, attempts", (int(workload_id), target))
+        retry = sum(int(n) for e, a, n in rows if ErrorKind(e).retryable and int(a) < 2)
+        return sum(int(n) for *_, n in rows) - retry, retry
 
     def lookup(self, workload_id: int, target: str, candidate_key: str) -> Record | None:
         """The record of this candidate, or None if it was never measured."""

@@ -232,6 +232,8 @@ class Gateway:
             pass
         if status == "timeout":
             return MeasureResult.failure(ErrorKind.RUN_TIMEOUT, str(value))
+        if status == "crash":
+            return MeasureResult.failure(ErrorKind.RUNNER_CRASH, str(value))
         if status != "ok":
             return MeasureResult.failure(ErrorKind.RUN_ERROR, str(value))
         if "wrong" in value:

@@ -27,7 +27,14 @@ class ErrorKind(str, Enum):
     BUILD_TIMEOUT = "build_timeout"
     RUN_ERROR = "run_error"
     RUN_TIMEOUT = "run_timeout"
+    RUNNER_CRASH = "runner_crash"  # the timing process died (a crashing kernel, or the machine)
     WRONG_RESULT = "wrong_result"  # ran, but its output differs from the reference
+
+    @property
+    def retryable(self) -> bool:
+        """A failure that may not happen again (a busy or lost device): a later run measures it once
+        more. Invalid schedules, build errors and timeouts, run errors and wrong results are final."""
+        return self in (ErrorKind.RUN_TIMEOUT, ErrorKind.RUNNER_CRASH)
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,12 @@ class Record:
     measured_at: float
     versions: str = ""
     record_id: int | None = field(default=None, compare=False)
+    attempts: int = 1  # times this candidate was measured (a retryable failure is retried once)
+
+    @property
+    def retry_due(self) -> bool:
+        """A retryable failure not yet retried."""
+        return self.result.error is not None and self.result.error.retryable and self.attempts < 2
 
     @property
     def ok(self) -> bool:

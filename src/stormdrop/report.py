@@ -63,13 +63,15 @@ def format_best_table(db: Any, target: str | None = None) -> str:
                 lat = f"{lat_us:.4f}"
             else:
                 lat_us, speed, lat = 0.0, "N/A", "N/A"
-            row = [str(wl.workload_id), wl.name, str(wl.flops), "1", speed, lat, str(trials)]
+            final, retry = db.failures(wl.workload_id, tgt)
+            row = [str(wl.workload_id), wl.name, str(wl.flops), "1", speed, lat, str(trials), str(final), str(retry)]
             sections.setdefault(tgt, []).append(row + ["Y" if best else ""])
             n, total = totals.get(tgt, (0, 0.0))
             totals[tgt] = (n + trials, total + lat_us)
     if not sections:
         return "No records." + ("" if target is None else f" (target {target})")
-    header = ["ID", "Name", "FLOP", "Weight", "Speed (GFLOPS)", "Latency (us)", "Trials", "Done"]
+    header = ["ID", "Name", "FLOP", "Weight", "Speed (GFLOPS)", "Latency (us)", "Trials", "Failed", "To retry",
+              "Done"]
     out: list[str] = []
     for tgt, rows in sections.items():
         n, total = totals[tgt]

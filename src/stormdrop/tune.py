@@ -93,13 +93,15 @@ class TaskSession:
     def evaluate(self, cands: list[Candidate]) -> list[MeasureResult]:
         """Results for candidates: from the database when stored, else measured and committed."""
         results: list[MeasureResult | None] = [None] * len(cands)
-        todo = []
+        todo, retry = [], {}
         for i, c in enumerate(cands):
             rec = None if c.remeasure else self.db.lookup(self.entry.workload_id, self.target_key, c.key)
-            if rec is not None:
+            if rec is not None and not rec.retry_due:
                 results[i] = rec.result
             else:
                 todo.append(i)
+                if rec is not None:  # a retryable failure (run timeout, runner crash): measured once more
+                    retry[i] = rec
         versions = f"stormdrop {__version__}; tvm {tvm.__version__}"
 
         def commit(j: int, r: MeasureResult) -> None:  # each result committed as it arrives
@@ -108,8 +110,11 @@ class TaskSession:
             c = cands[i]
             if c.remeasure:
                 return
-            self.db.commit_record(Record(self.entry.workload_id, self.target_key, c.key, c.trace_json,
-                                         _args_json(c), r, c.phase, time.time(), versions))
+            if i in retry:
+                self.db.commit_retry(retry[i], r, time.time(), versions)
+            else:
+                self.db.commit_record(Record(self.entry.workload_id, self.target_key, c.key, c.trace_json,
+                                             _args_json(c), r, c.phase, time.time(), versions))
             self.result.trials[c.phase.value] += 1
             if not r.ok:
                 self.result.trials["failed"] += 1
@@ -167,6 +172,7 @@ class TaskTuner:
         self.drop: Raindrop | None = None
         self.done = False
         self.rounds = 0
+        self.retried = False  # stored retryable failures measured once more, before anything new
 
     @property
     def phase(self) -> Phase:
@@ -176,6 +182,10 @@ class TaskTuner:
         """Measure one batch of at most ``limit`` new candidates; False (and ``done``) once both phases are over."""
         if self.done:
             return False
+        if not self.retried:
+            self.retried = True
+            if self._retry(limit):
+                return True
         if self.storm is None:
             self.storm = self._start_storm()
         if not self.reused:
@@ -215,6 +225,21 @@ class TaskTuner:
         self.exploit_trials += exploit_trials
         self.storm = self.drop = None
         self.done = False
+
+    def _retry(self, limit: int | None = None) -> bool:
+        """Measure once more the stored candidates whose failure may not recur (``Record.retry_due``)."""
+        cands = []
+        for rec in self.task.stored():
+            if rec.retry_due and (limit is None or len(cands) < limit):
+                try:
+                    cands.append(self.task.candidate_of(rec, rec.phase))
+                except Exception as err:  # noqa: BLE001 - a stored trace that no longer replays stays as it is
+                    log.debug("cannot retry stored record %s: %s", rec.record_id, err)
+        if not cands:
+            return False
+        log.info("%s: measuring %d earlier run timeouts/crashes once more", self.task.kernel.name, len(cands))
+        self.task.evaluate(cands)
+        return True
 
     def _reuse(self, limit: int | None = None) -> bool:
         """Measure transferred schedules of same-class workloads (out of the storm's budget)."""
