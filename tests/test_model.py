@@ -190,3 +190,44 @@ def test_cli_time_budget_keeps_tuning_past_the_per_task_cap(tmp_path):
     assert "Share" in r.stdout  # each task's share of the model's time
     assert so.stat().st_size > 0
     assert "Scope Saving" not in r.stderr
+
+
+def test_a_killed_model_tune_resumes_losing_nothing_and_measuring_nothing_twice(tmp_path):
+    """SIGKILL a `tune --model` once it has committed a random number of records, re-run it: every
+    record committed before the kill is still there, unchanged; the re-run measures no candidate
+    the killed run measured; every task finishes verified."""
+    import os
+    import random
+    import signal
+    import sqlite3
+    import time
+
+    path = tiny_net(str(tmp_path / "tiny.onnx"))
+    db, js = tmp_path / "k.db", tmp_path / "k.json"
+    args = [sys.executable, "-m", "stormdrop", "tune", "--model", path, "--trials", "24", "--trials-per-task", "8",
+            "--batch-size", "4", "--db", str(db), "--no-progress"]
+
+    def rows():
+        try:
+            with sqlite3.connect(db) as con:
+                return con.execute("SELECT * FROM records ORDER BY record_id").fetchall()
+        except sqlite3.Error:
+            return []
+
+    kill_at = random.Random(os.getpid()).randrange(3, 15)
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(rows()) < kill_at and proc.poll() is None:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = rows()
+    assert kill_at <= len(before) < 24, f"the kill (at {kill_at} records) came too late: {len(before)}"
+    r = subprocess.run(args + ["--json", str(js)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    after = rows()
+    assert after[: len(before)] == before, "records committed before the kill changed"
+    doc = json.loads(js.read_text())
+    measured = sum(t["trials"]["reuse"] + t["trials"]["storm"] + t["trials"]["raindrop"] for t in doc["tasks"])
+    assert measured == len(after) - len(before), "the re-run measured a candidate the killed run had measured"
+    assert all(t["verified"] for t in doc["tasks"])

@@ -192,3 +192,17 @@ def test_live_display_keeps_log_lines_above_its_block():
     assert text.count("\x1b[3F\x1b[J") == 2 and "[32/64 trials]" in text.split("a log line")[1]
     assert logging.getLogger("stormdrop").handlers == [] or all(
         type(h).__name__ != "_AboveTheBlock" for h in logging.getLogger("stormdrop").handlers)
+
+
+def test_a_metaschedule_database_can_be_compared(tuned_tiny, tmp_path):
+    """--compare takes a MetaSchedule JSON database directory: here the same run exported, so every
+    task is matched and every ratio is 1."""
+    db_path, doc, _ = tuned_tiny
+    r = _cli("export", "--db", str(db_path), "--out", str(tmp_path / "ms"))
+    assert r.returncode == 0, r.stderr
+    r = _cli("report", "--db", str(db_path), "--model", "tiny", "--compare", str(tmp_path / "ms"),
+             "--out", str(tmp_path / "rep"))
+    assert r.returncode == 0, r.stderr
+    page = (tmp_path / "rep" / "index.html").read_text()
+    table = page.split("<h2>Comparison</h2>")[1].split("</table>")[0]
+    assert table.count("<td>1.00</td>") == len(doc["tasks"])

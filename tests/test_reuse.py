@@ -109,3 +109,62 @@ def test_reuse_phase_measures_transfers_from_a_same_class_kernel(tmp_path):
     # A kernel of another class gets nothing to reuse.
     other = tune_kernel("dense:M=16,N=16,K=16", trials=4, exploit_trials=0, db=db, seed=0).tasks[0]
     assert other.trials["reuse"] == 0
+
+
+def _digest(path):
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def donor_db(tmp_path_factory):
+    """A database holding tuned matmuls (the donors), closed."""
+    db = tmp_path_factory.mktemp("donor") / "donor.db"
+    tune_kernel("matmul:M=64,N=64,K=64", trials=8, exploit_trials=0, db=db, seed=0)
+    tune_kernel("matmul:M=32,N=64,K=96", trials=8, exploit_trials=0, db=db, seed=0)
+    return db
+
+
+def test_phases_reuse_only_and_donors_from_another_database_left_unchanged(tmp_path, donor_db):
+    """--phases reuse is transfer only (no storm, no raindrop); --reuse-from draws donors from another
+    database, read only: its file is byte for byte the same afterwards."""
+    import json
+    import subprocess
+    import sys
+
+    before = _digest(donor_db)
+    js = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, "-m", "stormdrop", "tune", "--kernel", "matmul:M=48,N=80,K=64",
+                        "--phases", "reuse", "--reuse-from", str(donor_db), "--db", str(tmp_path / "new.db"),
+                        "--json", str(js), "--no-progress"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    task = json.loads(js.read_text())["tasks"][0]
+    assert task["trials"]["reuse"] == 2 and task["trials"]["storm"] == 0 and task["trials"]["raindrop"] == 0
+    assert task["verified"]
+    assert _digest(donor_db) == before
+    with Database(tmp_path / "new.db") as d:
+        assert {r.phase for w in d.workloads() for r in d.records(w.workload_id)} == {Phase.REUSE}
+
+
+def test_reuse_then_raindrop_without_a_storm(tmp_path, donor_db):
+    task = tune_kernel("matmul:M=48,N=80,K=64", trials=8, exploit_trials=6, db=tmp_path / "rr.db", seed=0,
+                       phases=(Phase.REUSE, Phase.RAINDROP), reuse_from=[donor_db]).tasks[0]
+    assert task.trials["storm"] == 0 and task.trials["reuse"] == 2 and 1 <= task.trials["raindrop"] <= 6
+    assert task.verified
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--phases", "raindrop,storm"], "--phases: a comma list of reuse, storm, raindrop in that order"),
+    (["--phases", "drizzle"], "--phases"),
+    (["--reuse-from", "{tmp}/none.db"], "--reuse-from: no database at"),
+])
+def test_bad_phases_or_donor_database_is_one_error_line(tmp_path, args, needle):
+    import subprocess
+    import sys
+
+    args = [a.format(tmp=tmp_path) for a in args]
+    r = subprocess.run([sys.executable, "-m", "stormdrop", "tune", "--kernel", "matmul:M=48,N=80,K=64", *args,
+                        "--db", str(tmp_path / "x.db"), "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "x.db").exists()

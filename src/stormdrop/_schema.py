@@ -76,11 +76,15 @@ def record_from_row(row: tuple) -> Record:
     )
 
 
-def open_connection(path: str) -> sqlite3.Connection:
-    """Open (or create, with the current schema) the database file; DatabaseError if it is not one of ours."""
+def open_connection(path: str, read_only: bool = False) -> sqlite3.Connection:
+    """Open (or create, with the current schema) the database file; DatabaseError if it is not one of ours.
+
+    ``read_only``: the file must exist and is never written (a donor database)."""
     p = Path(path)
     if p.is_dir():
         raise DatabaseError(f"database path is a directory: {path}")
+    if read_only:
+        return _open_read_only(p, path)
     fresh, version = not p.exists(), SCHEMA_VERSION
     if not fresh:
         try:
@@ -127,6 +131,25 @@ def open_connection(path: str) -> sqlite3.Connection:
         conn.close()
         raise DatabaseError(f"cannot open database {path}: {one_line(e)}") from None
     return conn
+
+
+def _open_read_only(p: Path, path: str) -> sqlite3.Connection:
+    if not p.exists():
+        raise DatabaseError(f"no database at {path}")
+    with open(p, "rb") as f:
+        if f.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
+            raise DatabaseError(f"not a stormdrop database: {path}")
+    empty, version = _check_existing(p, path)
+    if empty:
+        raise DatabaseError(f"not a stormdrop database (no tables): {path}")
+    if version != SCHEMA_VERSION:
+        raise DatabaseError(f"database {path} has schema version {version}: open it once read-write "
+                            f"(e.g. `stormdrop show --db {path}`) to upgrade it")
+    uri = "file:" + urllib.parse.quote(str(p.resolve())) + "?mode=ro"
+    try:
+        return sqlite3.connect(uri, uri=True, timeout=60.0, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as e:
+        raise DatabaseError(f"cannot open database {path}: {one_line(e)}") from None
 
 
 def _check_existing(p: Path, path: str) -> tuple[bool, int]:

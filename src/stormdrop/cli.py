@@ -70,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true")
     t.add_argument("--reuse", type=int, default=8, metavar="N",
                    help="first measure the best schedules of up to N same-class workloads in the database (0: off)")
+    t.add_argument("--no-reuse", dest="reuse", action="store_const", const=0, help="same as --reuse 0")
+    t.add_argument("--reuse-from", action="append", default=[], metavar="PATH",
+                   help="also draw reuse donors from this database (read only; repeatable)")
+    t.add_argument("--phases", default="reuse,storm,raindrop",
+                   help="which phases run, in this order: 'reuse' = transfer only, 'reuse,raindrop' = transfer, "
+                        "then Droplet from the best transfer (default: reuse,storm,raindrop)")
     t.add_argument("--no-prior", dest="prior", action="store_false",
                    help="x86: start the storm's cost model cold instead of from the shipped prior")
     t.add_argument("--trials-per-task", type=_positive(int), default=128,
@@ -146,13 +152,14 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from .report import task_table
     from .storm import StormConfig
     from .target import describe, parse_target
-    from .tune import tune_kernel
+    from .tune import parse_phases, tune_kernel
     from .workloads import parse_kernel
 
     if args.model:
         return _cmd_tune_model(args)
     kernel = parse_kernel(args.kernel)  # validate input before any slow work
     target = parse_target(args.target)
+    phases = parse_phases(args.phases)
     raindrop = _raindrop_config(args)
     measure = _measure_config(args)
     log.info("tuning %s on %s", kernel.name, describe(target))
@@ -160,7 +167,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                          time_budget=args.time_budget, db=args.db, seed=args.seed, pvalue=args.pvalue,
                          measure=measure, storm=StormConfig(batch_size=max(1, args.batch_size), prior=args.prior),
                          raindrop=raindrop,
-                         reuse=max(0, args.reuse),
+                         reuse=max(0, args.reuse), phases=phases, reuse_from=args.reuse_from,
                          progress=not args.no_progress and sys.stderr.isatty())
     print(task_table(result.tasks))
     print(f"target: {describe(target)}   tuning: {result.tuning_s:.1f} s")
@@ -201,10 +208,12 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
     from .report import task_table
     from .storm import StormConfig
     from .target import describe, parse_target
+    from .tune import parse_phases
     from .workloads.models import load_model, parse_input_shapes
 
     target = parse_target(args.target)
     raindrop = _raindrop_config(args)
+    phases = parse_phases(args.phases)
     model = load_model(args.model, input_shapes=parse_input_shapes(args.input_shape), batch=args.batch,
                        resolution=args.resolution, seq_len=args.seq_len, seed=args.seed)
     # --time-budget without --trials: the budget (and --trials-per-task) decide, no global cap
@@ -215,7 +224,8 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
                         storm=StormConfig(batch_size=max(1, args.batch_size), prior=args.prior),
                         reuse=max(0, args.reuse), layout=args.layout, fast_math=args.fast_math,
                         winograd=args.winograd, combine_matmuls=args.combine_matmuls,
-                        raindrop=raindrop, progress=not args.no_progress)
+                        raindrop=raindrop, progress=not args.no_progress, phases=phases,
+                        reuse_from=args.reuse_from)
     print(task_table(result.tasks))
     lat = result.latency_s
     fmt = lambda v: "n/a" if v is None else f"{v * 1e3:.3f} ms"  # noqa: E731

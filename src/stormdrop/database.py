@@ -74,13 +74,14 @@ class WorkloadEntry:
 class Database:
     """A stormdrop SQLite database (created with its schema if the file is new)."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, *, read_only: bool = False) -> None:
         self.path: str = os.fspath(path)
+        self.read_only = read_only  # a donor or a report: the file must exist and is never written
         self._lock = threading.RLock()
         self._depth = 0
         self._mods: dict[int, tvm.IRModule] = {}
         self._conn: sqlite3.Connection | None = None
-        self._conn = open_connection(self.path)
+        self._conn = open_connection(self.path, read_only)
 
     # -- connection management ------------------------------------------------------------
 

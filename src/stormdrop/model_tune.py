@@ -13,6 +13,7 @@ import logging
 import math
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,10 +40,11 @@ from .model_run import (
     run_onnxruntime,
 )
 from .raindrop import RaindropConfig
+from .records import Phase
 from .scheduler import GradientScheduler, TaskState
 from .storm import StormConfig
 from .target import canonical, parse_target
-from .tune import TaskResult, TaskSession, TaskTuner, verify_best
+from .tune import PHASES, TaskResult, TaskSession, TaskTuner, open_donors, verify_best
 from .winograd import MODES as WINOGRAD_MODES
 from .winograd import direct_flops as winograd_direct_flops
 from .winograd import legalization as winograd_legalization
@@ -129,11 +131,13 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
                resolution: int | None = None, seq_len: int | None = None, reuse: int = 8,
                layout: str = "auto", fast_math: bool = True, winograd: str = "auto",
                combine_matmuls: bool = False, raindrop: RaindropConfig | None = None,
-               progress: bool = False) -> ModelResult:
+               progress: bool = False, phases: Sequence[Phase] = PHASES,
+               reuse_from: Sequence[str] = ()) -> ModelResult:
     """Tune every task of a model under a global trial and time budget, then compile and verify.
 
     ``trials=None``: no global cap; the time budget and ``trials_per_task`` end the tuning.
     ``raindrop`` (default: ``RaindropConfig(pvalue=pvalue)``) configures every task's raindrop.
+    ``phases`` and ``reuse_from``: as in ``tune_kernel``, for every task.
     """
     start = time.monotonic()
     tgt = parse_target(target)
@@ -143,6 +147,7 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
     fused, tasks = extract_tasks(model, tgt, layout, fast_math, winograd, combine_matmuls)
     storm_per_task = max(1, trials_per_task // 2)
     own_db = not isinstance(db, Database)
+    donor_dbs = open_donors(reuse_from)
     database = Database(db or default_db_path()) if own_db else db
     display = None
     try:
@@ -156,7 +161,7 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
             cap = float("inf") if trials is None else trials
             tuners = [TaskTuner(s, trials=storm_per_task, exploit_trials=trials_per_task - storm_per_task,
                                 storm=storm, raindrop=raindrop or RaindropConfig(pvalue=pvalue), reuse=reuse,
-                                first_batch=first)
+                                first_batch=first, phases=phases, donor_dbs=donor_dbs)
                       for s in sessions]
             states = [TaskState(w, max(k.flops, 1), k.op_class) for k, w in tasks]
             sched = GradientScheduler(states, seed=seed)
@@ -208,6 +213,8 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
             display.close()
         if own_db:
             database.close()
+        for d in donor_dbs:
+            d.close()
     return result
 
 

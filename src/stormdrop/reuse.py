@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 
 import tvm
+import tvm_ffi
 from tvm.s_tir import Schedule
 
 from . import _tvm
@@ -73,26 +75,34 @@ def transfer(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModule, 
         return None
 
 
-def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int | None = None
-           ) -> list[tuple[WorkloadEntry, str]]:
-    """(workload, best trace) of the other workloads of the same class (at most ``limit``), nearest FLOPs first."""
+def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int | None = None,
+           others: Sequence[Database] = ()) -> list[tuple[WorkloadEntry, str]]:
+    """(workload, best trace) of the other workloads of the same class (at most ``limit``), nearest FLOPs first.
+
+    ``others``: more databases to draw donors from (``--reuse-from``, read only); there the same
+    workload counts too (tuned for another model, say), and comes first.
+    """
     out = []
-    for other in db.workloads():
-        if other.workload_id == entry.workload_id or other.op_class != entry.op_class:
-            continue
-        best = db.best(other.workload_id, target_key, k=1)
-        if best:
-            out.append((other, best[0].trace_json))
-    out.sort(key=lambda d: abs(math.log(max(d[0].flops, 1)) - math.log(max(entry.flops, 1))))
-    return out[:limit]
+    for source in (db, *others):
+        for other in source.workloads():
+            if other.op_class != entry.op_class:
+                continue
+            same = other.shash == entry.shash and tvm_ffi.structural_equal(other.mod, entry.mod)
+            if same and source is db:
+                continue
+            best = source.best(other.workload_id, target_key, k=1)
+            if best:
+                out.append((other, best[0].trace_json, same))
+    out.sort(key=lambda d: (not d[2], abs(math.log(max(d[0].flops, 1)) - math.log(max(entry.flops, 1)))))
+    return [(w, t) for w, t, _ in out[:limit]]
 
 
 def reuse_candidates(db: Database, entry: WorkloadEntry, target_key: str, postprocs: list,
-                     limit: int = 8) -> list[Candidate]:
+                     limit: int = 8, others: Sequence[Database] = ()) -> list[Candidate]:
     """Transferred schedules for ``entry``, one per donor, distinct, at most ``limit``: a donor
     whose schedule does not transfer gives its place to the next-nearest one."""
     cands, seen = [], set()
-    for donor, trace_json in donors(db, entry, target_key):
+    for donor, trace_json in donors(db, entry, target_key, others=others):
         if len(cands) >= limit:
             break
         sch = transfer(donor.mod, trace_json, entry.mod, postprocs)

@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import tvm
@@ -20,7 +21,7 @@ from tvm.target import Target
 
 from . import __version__, _tvm
 from .database import Database, WorkloadEntry
-from .errors import TuningError
+from .errors import SpecError, TuningError
 from .history import Trial
 from .measure import Gateway, MeasureConfig
 from .raindrop import Raindrop, RaindropConfig
@@ -142,6 +143,19 @@ class TaskSession:
         return Candidate.from_schedule(sch, phase)
 
 
+PHASES = (Phase.REUSE, Phase.STORM, Phase.RAINDROP)
+
+
+def parse_phases(text: str) -> tuple[Phase, ...]:
+    """``--phases``: a comma list of reuse, storm, raindrop, in that order (SpecError otherwise)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    order = [p.value for p in PHASES]
+    if not names or any(n not in order for n in names) or len(set(names)) != len(names) \
+            or names != sorted(names, key=order.index):
+        raise SpecError(f"--phases: a comma list of {', '.join(order)} in that order, got {text!r}")
+    return tuple(Phase(n) for n in names)
+
+
 def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
@@ -161,11 +175,16 @@ class TaskTuner:
 
     def __init__(self, task: TaskSession, *, trials: int, exploit_trials: int,
                  storm: StormConfig | None = None, raindrop: RaindropConfig | None = None, reuse: int = 8,
-                 first_batch: int | None = None) -> None:
-        self.task, self.trials, self.exploit_trials = task, trials, exploit_trials
+                 first_batch: int | None = None, phases: Sequence[Phase] = PHASES,
+                 donor_dbs: Sequence[Database] = ()) -> None:
+        self.phases = tuple(phases)  # which phases run (always in the order reuse, storm, raindrop)
+        self.task = task
+        self.trials = trials if Phase.STORM in self.phases else 0
+        self.exploit_trials = exploit_trials if Phase.RAINDROP in self.phases else 0
         self.first_batch = first_batch  # size of the task's first storm batch (default: the storm's batch)
-        self.reuse_donors = reuse  # transfer the best schedules of at most this many same-class workloads
-        self.reused = reuse <= 0
+        self.reuse_donors = reuse if Phase.REUSE in self.phases else 0  # at most this many same-class donors
+        self.donor_dbs = tuple(donor_dbs)  # more databases to draw donors from (read only)
+        self.reused = self.reuse_donors <= 0
         self.storm_config = storm or StormConfig()
         self.raindrop_config = raindrop or RaindropConfig()
         self.storm: Storm | None = None
@@ -221,8 +240,8 @@ class TaskTuner:
         everything measured so far), then a raindrop from the best schedule then."""
         if not self.done:
             self.finish()
-        self.trials += storm_trials
-        self.exploit_trials += exploit_trials
+        self.trials += storm_trials if Phase.STORM in self.phases else 0
+        self.exploit_trials += exploit_trials if Phase.RAINDROP in self.phases else 0
         self.storm = self.drop = None
         self.done = False
 
@@ -245,12 +264,14 @@ class TaskTuner:
         """Measure transferred schedules of same-class workloads (out of the storm's budget)."""
         from .reuse import reuse_candidates
 
-        budget = min(self.reuse_donors, self.storm.remaining, limit or self.reuse_donors)
+        # out of the storm's budget when there is a storm; else its own
+        room = self.storm.remaining if Phase.STORM in self.phases else self.reuse_donors
+        budget = min(self.reuse_donors, room, limit or self.reuse_donors)
         if budget <= 0:
             return False
         task = self.task
         cands = reuse_candidates(task.db, task.entry, task.target_key, self.storm.ctx.space_generator.postprocs,
-                                 limit=budget)
+                                 limit=budget, others=self.donor_dbs)
         if not cands:
             return False
         results = task.evaluate(cands)
@@ -306,11 +327,15 @@ def tune_kernel(kernel: str | Kernel, *, target: str | dict | Target | None = No
                 exploit_trials: int | None = None, time_budget: float | None = None,
                 db: str | os.PathLike | Database | None = None, seed: int = 0, pvalue: float = 0.05,
                 measure: MeasureConfig | None = None, storm: StormConfig | None = None,
-                raindrop: RaindropConfig | None = None, reuse: int = 8, progress: bool = False) -> TuneResult:
+                raindrop: RaindropConfig | None = None, reuse: int = 8, progress: bool = False,
+                phases: Sequence[Phase] = PHASES, reuse_from: Sequence[str | os.PathLike] = ()) -> TuneResult:
     """Tune one kernel: reuse + storm for ``trials`` candidates, then raindrop for ``exploit_trials``.
 
     Reuse measures the best schedules of up to ``reuse`` other workloads of the same
     class stored in ``db`` (transferred to this one) before the storm, out of its budget.
+    ``phases``: which of reuse, storm and raindrop run (``(Phase.REUSE,)``: transfer only; with no
+    storm, reuse measures up to ``reuse`` transfers of its own). ``reuse_from``: more databases to
+    draw donors from, opened read only.
 
     ``kernel`` is a spec (``matmul:M=512,N=512,K=512``, ``file.py:function``) or a
     ``Kernel``. Every measurement is committed to ``db`` as it is made; re-running
@@ -325,14 +350,18 @@ def tune_kernel(kernel: str | Kernel, *, target: str | dict | Target | None = No
     deadline = start + time_budget if time_budget else float("inf")
     rcfg = raindrop or RaindropConfig(pvalue=pvalue)
     own_db = not isinstance(db, Database)
+    donor_dbs = open_donors(reuse_from)
     database = Database(db or default_db_path()) if own_db else db
+    trials = trials if Phase.STORM in phases else 0
+    exploit = exploit if Phase.RAINDROP in phases else 0
     bar = _progress_bar(k.name, trials + exploit) if progress else None
     try:
         with Gateway(tgt, measure) as gateway:
             task = TaskSession(database, gateway, k, tgt, seed, progress=bar)
             if bar is not None:
                 bar.update(min(len(task.stored(Phase.STORM)), trials) + min(len(task.stored(Phase.RAINDROP)), exploit))
-            tuner = TaskTuner(task, trials=trials, exploit_trials=exploit, storm=storm, raindrop=rcfg, reuse=reuse)
+            tuner = TaskTuner(task, trials=trials, exploit_trials=exploit, storm=storm, raindrop=rcfg, reuse=reuse,
+                              phases=phases, donor_dbs=donor_dbs)
             while time.monotonic() < deadline and tuner.step():
                 pass
             tuner.finish()
@@ -343,12 +372,29 @@ def tune_kernel(kernel: str | Kernel, *, target: str | dict | Target | None = No
             bar.close()
         if own_db:
             database.close()
+        for d in donor_dbs:
+            d.close()
     if not task.result.verified:
         t = task.result.trials
         measured = t["reuse"] + t["storm"] + t["raindrop"]
         raise TuningError(f"{k.name}: no valid, verified schedule was found "
                           f"({t['failed']} of {measured} candidates measured by this run failed)")
     return TuneResult(canonical(tgt), time.monotonic() - start, [task.result])
+
+
+def open_donors(paths: Sequence[str | os.PathLike]) -> list[Database]:
+    """The ``--reuse-from`` databases, read only (SpecError naming the first that cannot be opened)."""
+    from .errors import DatabaseError
+
+    out: list[Database] = []
+    try:
+        for p in paths:
+            out.append(Database(p, read_only=True))
+    except DatabaseError as err:
+        for d in out:
+            d.close()
+        raise SpecError(f"--reuse-from: {err}") from None
+    return out
 
 
 def _progress_bar(name: str, total: int):
