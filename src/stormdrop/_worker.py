@@ -51,6 +51,8 @@ def serve(conn: Any, role: str, target_json: str, rpc: dict | None) -> None:
             else:
                 raise ValueError(f"unknown command {command!r} for a {role} worker")
             conn.send(("ok", value))
+        except DeviceLost as err:  # the remote device is gone: a failure the next run retries
+            conn.send(("lost", str(err)[-3000:]))
         except Exception as err:  # noqa: BLE001 - every failure is reported, never fatal
             msg = f"{type(err).__name__}: {err}".strip()
             conn.send(("error", msg[-3000:] or traceback.format_exc()[-3000:]))
@@ -84,8 +86,19 @@ def _build(target: Any, mod_json: str, out_path: str) -> dict:
     return {"timed": out_path, "check": "main_check" if packed else None, "args": [[list(s), d] for s, d in after]}
 
 
+class DeviceLost(RuntimeError):
+    """The RPC device cannot be reached any more (its session could not be re-opened)."""
+
+
 class _RunnerState:
-    """Inputs and reference outputs per workload, and the device to time on."""
+    """Inputs and reference outputs per workload, and the device to time on.
+
+    On an RPC device the session is renewed before the tracker's ``session_timeout`` ends it
+    (in its last fifth, or last minute), and re-opened once after a failed request, which is
+    then tried again: a run longer than the session timeout, or a server restarted in between,
+    stores no spurious failure. A device that cannot be reached again raises ``DeviceLost``.
+    Inputs and references are kept on the host, so a new session needs nothing re-computed.
+    """
 
     def __init__(self, target: Any, rpc: dict | None) -> None:
         import tvm
@@ -93,25 +106,66 @@ class _RunnerState:
         self.target = target
         self.rpc = rpc
         self.session = None
+        self.kind = "cuda" if target.kind.name == "cuda" else "cpu"
+        self.session_timeout = int((rpc or {}).get("session_timeout", 600))
+        self.opened = 0.0
         if rpc:
             import socket
-
-            from tvm import rpc as tvm_rpc
 
             try:  # fail in seconds, not after TVM's 60 s of silent retries
                 socket.create_connection((rpc["host"], int(rpc["port"])), timeout=10).close()
             except OSError as err:
                 raise RuntimeError(f"cannot reach the RPC tracker at {rpc['host']}:{rpc['port']}: "
                                    f"{err.strerror or err}") from None
-            tracker = tvm_rpc.connect_tracker(rpc["host"], int(rpc["port"]))
-            self.session = tracker.request(rpc["key"], priority=1, session_timeout=int(rpc.get("session_timeout", 600)))
-        kind = "cuda" if target.kind.name == "cuda" else "cpu"
-        self.dev = self.session.device(kind) if self.session else (tvm.cuda(0) if kind == "cuda" else tvm.cpu(0))
+            self._connect()
+        else:
+            self.dev = tvm.cuda(0) if self.kind == "cuda" else tvm.cpu(0)
         self.inputs: dict[str, list[Any]] = {}
         self.expected: dict[str, list[Any]] = {}
         self.outputs: dict[str, list[int]] = {}
 
+    def _connect(self) -> None:
+        import time
+
+        from tvm import rpc as tvm_rpc
+
+        rpc = self.rpc
+        tracker = tvm_rpc.connect_tracker(rpc["host"], int(rpc["port"]))
+        self.session = tracker.request(rpc["key"], priority=1, session_timeout=self.session_timeout)
+        self.dev = self.session.device(self.kind)
+        self.opened = time.monotonic()
+
+    def _reconnect(self, why: str) -> None:
+        self.session = None
+        try:
+            self._connect()
+        except Exception as err:  # noqa: BLE001
+            raise DeviceLost(f"RPC device {self.rpc['key']} lost ({why}); cannot re-open a session: "
+                             f"{type(err).__name__}: {err}") from None
+
+    def _on_device(self, request: Any, *args: Any) -> Any:
+        """``request(*args)`` on a live session: renewed when due, re-opened and retried once after an error."""
+        import time
+
+        if self.session is None:
+            return request(*args)
+        if self.session_timeout and time.monotonic() - self.opened > self.session_timeout - min(
+                60.0, self.session_timeout / 5):
+            self._reconnect("session about to expire")
+        try:
+            return request(*args)
+        except Exception as err:  # noqa: BLE001 - maybe the session, maybe the kernel: try a new session once
+            self._reconnect(f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[-1]}")
+            return request(*args)
+
     def reference(self, key: str, mod_json: str, seed: int) -> list[list[Any]]:
+        return self._on_device(self._reference, key, mod_json, seed)
+
+    def run(self, key: str, built: dict, number: int, repeat: int, min_repeat_ms: float,
+            cache_flush: bool, check: bool) -> dict:
+        return self._on_device(self._run, key, built, number, repeat, min_repeat_ms, cache_flush, check)
+
+    def _reference(self, key: str, mod_json: str, seed: int) -> list[list[Any]]:
         """Random inputs for ``key`` and the outputs of its untuned (or reference) build."""
         import numpy as np
         import tvm
@@ -174,8 +228,8 @@ class _RunnerState:
             out.append(tvm.runtime.tensor(given, self.dev))
         return out
 
-    def run(self, key: str, built: dict, number: int, repeat: int, min_repeat_ms: float,
-            cache_flush: bool, check: bool) -> dict:
+    def _run(self, key: str, built: dict, number: int, repeat: int, min_repeat_ms: float,
+             cache_flush: bool, check: bool) -> dict:
         import numpy as np
         import tvm
 

@@ -232,7 +232,7 @@ class Gateway:
             pass
         if status == "timeout":
             return MeasureResult.failure(ErrorKind.RUN_TIMEOUT, str(value))
-        if status == "crash":
+        if status in ("crash", "lost"):  # the timing process died, or the RPC device is gone
             return MeasureResult.failure(ErrorKind.RUNNER_CRASH, str(value))
         if status != "ok":
             return MeasureResult.failure(ErrorKind.RUN_ERROR, str(value))
