@@ -56,6 +56,10 @@ def host_target(num_cores: int | None = None) -> Target:
     )
 
 
+CUDA_DEFAULTS = {"max_threads_per_block": 1024, "max_shared_memory_per_block": 49152, "thread_warp_size": 32,
+                 "max_num_threads": 1024}
+
+
 def _cuda_arch() -> str | None:
     try:
         dev = tvm.cuda(0)
@@ -108,6 +112,10 @@ def parse_target(text: str | dict | Target | None) -> Target:
                     '--target: no GPU visible to detect the CUDA arch; give it, e.g. {"kind": "cuda", "arch": "sm_90a"}'
                 )
             config["arch"] = arch
+        # MetaSchedule's CUDA rules need these and TVM 0.27 leaves them unset on a plain
+        # {"kind": "cuda"}: every NVIDIA GPU since Kepler has these limits (the tags agree)
+        for attr, value in CUDA_DEFAULTS.items():
+            config.setdefault(attr, value)
         config.setdefault("host", host_target().export())
     try:
         host_cfg = config.pop("host", None)
