@@ -13,6 +13,7 @@ it on for machines with cores to spare.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ from . import _tvm
 from .errors import MeasureError, one_line
 from .records import ErrorKind, MeasureResult
 from .target import canonical, physical_cores
+from .timing_lock import timing
 
 log = logging.getLogger("stormdrop")
 
@@ -222,10 +224,12 @@ class Gateway:
     def _run(self, key: str, built: dict) -> MeasureResult:
         cfg = self.config
         self._ensure_reference(key)
-        status, value = self._runner.call(
-            "run", (key, built, cfg.number, cfg.repeat, cfg.min_repeat_ms, cfg.cache_flush, cfg.check_correctness),
-            timeout=cfg.run_timeout_s,
-        )
+        # a local device is shared with every other stormdrop process on this machine: one timing at a time
+        with timing() if cfg.rpc is None else contextlib.nullcontext():
+            status, value = self._runner.call(
+                "run", (key, built, cfg.number, cfg.repeat, cfg.min_repeat_ms, cfg.cache_flush, cfg.check_correctness),
+                timeout=cfg.run_timeout_s,
+            )
         try:
             os.remove(built["timed"])
         except OSError:

@@ -20,6 +20,7 @@ from tvm import relax
 from tvm.target import Target
 
 from . import _tvm
+from .timing_lock import timing
 from .workloads.models import Model
 
 
@@ -86,7 +87,12 @@ def _vm(ex: Any, inputs: dict[str, np.ndarray], target: Target) -> tuple[Any, An
 def _timer(vm: Any, dev: Any, args: list) -> Callable[[], float]:
     vm.set_input("main", *args)
     timer = vm.time_evaluator("invoke_stateful", dev, number=1, repeat=5, min_repeat_ms=100)
-    return lambda: float(np.median(timer("main").results))
+
+    def sample() -> float:
+        with timing():
+            return float(np.median(timer("main").results))
+
+    return sample
 
 
 def model_timer(ex: Any, inputs: dict[str, np.ndarray], target: Target) -> Callable[[], float]:
@@ -130,13 +136,18 @@ def kernel_times(ex: Any, inputs: dict[str, np.ndarray], target: Target, runs: i
         return 0
 
     vm.set_instrument(instrument)
+    with timing():
+        _kernel_runs(vm, args, runs, current, per_run)
+    return {symbol: float(np.median(v)) for symbol, v in per_run.items()}
+
+
+def _kernel_runs(vm: Any, args: list, runs: int, current: dict, per_run: dict) -> None:
     for i in range(runs + 1):
         current.clear()
         vm["main"](*args)
         if i:
             for symbol, secs in current.items():
                 per_run.setdefault(symbol, []).append(secs)
-    return {symbol: float(np.median(v)) for symbol, v in per_run.items()}
 
 
 def interleaved(timers: dict[str, Callable[[], float]], rounds: int = 3) -> dict[str, float]:
@@ -169,7 +180,11 @@ def onnxruntime_timer(onnx_model: Any, inputs: dict[str, np.ndarray], threads: i
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     sess = ort.InferenceSession(onnx_model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    return sess.run(None, inputs), lambda: _timed(lambda: sess.run(None, inputs))
+    def sample() -> float:
+        with timing():
+            return _timed(lambda: sess.run(None, inputs))
+
+    return sess.run(None, inputs), sample
 
 
 def run_onnxruntime(onnx_model: Any, inputs: dict[str, np.ndarray], threads: int
