@@ -296,3 +296,23 @@ def test_run_timeouts_and_crashes_are_retried_once_by_the_next_run(tmp_path, tra
         last = _ScriptedGateway([])
         assert not TaskTuner(TaskSession(db, last, kernel, TARGET, 0), trials=0, exploit_trials=0, reuse=0)._retry()
         assert last.calls == 0
+
+
+def test_two_tuners_on_one_database_never_measure_a_candidate_twice(tmp_path):
+    """Two identical tunes (same seed, so the same proposals) started together on one database:
+    a candidate one of them claimed is not measured by the other, which takes its result; every
+    record is measured once, and both runs finish verified."""
+    db = tmp_path / "c.db"
+    args = ["-m", "stormdrop", "tune", "--kernel", SPEC, "--trials", "8", "--exploit-trials", "4",
+            "--batch-size", "4", "--db", str(db), "--no-progress"]
+    procs = [subprocess.Popen([sys.executable, *args, "--json", str(tmp_path / f"{i}.json")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    errs = [p.communicate(timeout=600)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errs
+    docs = [json.loads((tmp_path / f"{i}.json").read_text())["tasks"][0] for i in range(2)]
+    measured = sum(d["trials"]["reuse"] + d["trials"]["storm"] + d["trials"]["raindrop"] for d in docs)
+    rows = _rows(db)
+    assert measured == len(rows), f"{measured} measurements for {len(rows)} records: some were measured twice"
+    assert all(d["verified"] for d in docs)
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT COUNT(*) FROM claims").fetchone() == (0,)  # every claim released

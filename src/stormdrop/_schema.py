@@ -10,7 +10,7 @@ from pathlib import Path
 from .errors import DatabaseError, one_line
 from .records import ErrorKind, MeasureResult, Phase, Record
 
-SCHEMA_VERSION = 2  # 2: records.attempts (a version-1 file gains the column when opened)
+SCHEMA_VERSION = 2  # 2: records.attempts, claims (a version-1 file gains them when opened)
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -46,6 +46,14 @@ CREATE TABLE IF NOT EXISTS records (
     UNIQUE (workload_id, target, candidate_key)
 );
 CREATE INDEX IF NOT EXISTS records_wl_target_mean ON records (workload_id, target, mean_secs);
+CREATE TABLE IF NOT EXISTS claims (
+    workload_id    INTEGER NOT NULL,
+    target         TEXT    NOT NULL,
+    candidate_key  TEXT    NOT NULL,
+    owner          TEXT    NOT NULL,
+    heartbeat      REAL    NOT NULL,
+    PRIMARY KEY (workload_id, target, candidate_key)
+);
 """
 
 RECORD_COLS = (
@@ -125,6 +133,7 @@ def open_connection(path: str, read_only: bool = False) -> sqlite3.Connection:
         elif version == 1:  # upgrade in place: one column, every old record measured once
             conn.execute("BEGIN IMMEDIATE")
             conn.execute("ALTER TABLE records ADD COLUMN attempts INTEGER NOT NULL DEFAULT 1")
+            conn.execute(SCHEMA[SCHEMA.index("CREATE TABLE IF NOT EXISTS claims"):].rstrip().rstrip(";"))
             conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
             conn.execute("COMMIT")
     except sqlite3.Error as e:

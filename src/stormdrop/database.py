@@ -14,8 +14,10 @@ import hashlib
 import json
 import math
 import os
+import socket
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -29,6 +31,22 @@ from ._schema import RECORD_COLS, WORKLOAD_COLS, open_connection, record_from_ro
 from .errors import DatabaseError, one_line
 from .records import ErrorKind, MeasureResult, Phase, Record
 from .target import canonical, from_canonical
+
+CLAIM_STALE_S = 300.0  # a claim not refreshed for this long belongs to a dead tuner (results come every <= 90 s)
+
+
+def _alive(owner: str, heartbeat: float, now: float) -> bool:
+    """Whether a claim's owner (``host:pid:nonce``) may still be measuring: on this host, while its
+    process exists; elsewhere, while its heartbeat is recent."""
+    host, _, rest = owner.partition(":")
+    if host == socket.gethostname():
+        try:
+            os.kill(int(rest.partition(":")[0]), 0)
+        except ProcessLookupError:
+            return False
+        except (ValueError, PermissionError):
+            pass
+    return now - float(heartbeat) < CLAIM_STALE_S
 
 
 def canonical_target(target: tvm.target.Target | dict | str) -> str:
@@ -326,6 +344,37 @@ class Database:
             (int(workload_id), target),
         )
         return int(rows[0][0])
+
+    # -- claims: concurrent tuners on one database ------------------------------------------
+
+    def claim(self, workload_id: int, target: str, keys: list[str], owner: str) -> set[str]:
+        """Claim candidates for ``owner`` before measuring them; returns the keys another live owner
+        holds (measure those not: wait for their records). A claim whose owner has not been heard
+        of for ``CLAIM_STALE_S`` seconds (a killed tuner) is taken over."""
+        now, taken = time.time(), set()
+        with self.transaction():
+            for key in keys:
+                row = self._query("SELECT owner, heartbeat FROM claims WHERE workload_id=? AND target=? AND"
+                                  " candidate_key=?", (int(workload_id), target, key))
+                if row and row[0][0] != owner and _alive(*row[0], now):
+                    taken.add(key)
+                    continue
+                self._query("INSERT OR REPLACE INTO claims (workload_id, target, candidate_key, owner, heartbeat)"
+                            " VALUES (?, ?, ?, ?, ?)", (int(workload_id), target, key, owner, now))
+        return taken
+
+    def claimed(self, workload_id: int, target: str, key: str) -> bool:
+        """Whether a live owner holds this candidate."""
+        row = self._query("SELECT owner, heartbeat FROM claims WHERE workload_id=? AND target=? AND candidate_key=?",
+                          (int(workload_id), target, key))
+        return bool(row) and _alive(*row[0], time.time())
+
+    def release(self, workload_id: int, target: str, key: str, owner: str) -> None:
+        """Drop ``owner``'s claim (after its record is committed) and keep its other claims alive."""
+        with self.transaction():
+            self._query("DELETE FROM claims WHERE workload_id=? AND target=? AND candidate_key=? AND owner=?",
+                        (int(workload_id), target, key, owner))
+            self._query("UPDATE claims SET heartbeat=? WHERE owner=?", (time.time(), owner))
 
     # -- model runs -----------------------------------------------------------------------
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -104,6 +106,11 @@ class TaskSession:
                 if rec is not None:  # a retryable failure (run timeout, runner crash): measured once more
                     retry[i] = rec
         versions = f"stormdrop {__version__}; tvm {tvm.__version__}"
+        wid, tgt = self.entry.workload_id, self.target_key
+        # another tuner on this database measures these right now: take its results, measure the rest
+        elsewhere = self.db.claim(wid, tgt, [cands[i].key for i in todo if not cands[i].remeasure], OWNER)
+        waiting = [i for i in todo if not cands[i].remeasure and cands[i].key in elsewhere]
+        todo = [i for i in todo if i not in waiting]
 
         def commit(j: int, r: MeasureResult) -> None:  # each result committed as it arrives
             i = todo[j]
@@ -114,8 +121,9 @@ class TaskSession:
             if i in retry:
                 self.db.commit_retry(retry[i], r, time.time(), versions)
             else:
-                self.db.commit_record(Record(self.entry.workload_id, self.target_key, c.key, c.trace_json,
-                                             _args_json(c), r, c.phase, time.time(), versions))
+                self.db.commit_record(Record(wid, tgt, c.key, c.trace_json, _args_json(c), r, c.phase,
+                                             time.time(), versions))
+            self.db.release(wid, tgt, c.key, OWNER)
             self.result.trials[c.phase.value] += 1
             if not r.ok:
                 self.result.trials["failed"] += 1
@@ -129,7 +137,21 @@ class TaskSession:
                 self.progress.set_postfix_str(self.status(c.phase))
 
         self.gateway.measure(self.entry.shash, [cands[i].mod for i in todo], on_result=commit)
+        for i in waiting:
+            results[i] = self._measured_elsewhere(cands[i])
         return results  # type: ignore[return-value]
+
+    def _measured_elsewhere(self, cand: Candidate) -> MeasureResult:
+        """The result another tuner is measuring: its record once committed, or, if its claim
+        lapses without one (that tuner died), measured here."""
+        wid, tgt = self.entry.workload_id, self.target_key
+        while True:
+            rec = self.db.lookup(wid, tgt, cand.key)
+            if rec is not None and not rec.retry_due:
+                return rec.result
+            if not self.db.claimed(wid, tgt, cand.key):
+                return self.evaluate([cand])[0]
+            time.sleep(0.2)
 
     def status(self, phase: Phase) -> str:
         failed = self.result.trials["failed"]
@@ -144,6 +166,7 @@ class TaskSession:
 
 
 PHASES = (Phase.REUSE, Phase.STORM, Phase.RAINDROP)
+OWNER = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"  # this process, in the claims table
 
 
 def parse_phases(text: str) -> tuple[Phase, ...]:
