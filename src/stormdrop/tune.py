@@ -138,7 +138,9 @@ class TaskSession:
 
         self.gateway.measure(self.entry.shash, [cands[i].mod for i in todo], on_result=commit)
         for i in waiting:
-            results[i] = self._measured_elsewhere(cands[i])
+            r = results[i] = self._measured_elsewhere(cands[i])
+            if r.ok and r.mean < self.best:
+                self.best = r.mean
         return results  # type: ignore[return-value]
 
     def _measured_elsewhere(self, cand: Candidate) -> MeasureResult:
