@@ -270,6 +270,10 @@ class Database:
         """Store and commit one record; a duplicate candidate returns the stored record."""
         return self._commit_record(record)[0]
 
+    def commit_record_new(self, record: Record) -> tuple[Record, bool]:
+        """``commit_record``, and whether the candidate was new (False: it was already stored)."""
+        return self._commit_record(record)
+
     def commit_retry(self, record: Record, result: MeasureResult, measured_at: float, versions: str) -> Record:
         """Store a re-measurement of a stored record (a retryable failure): its result replaces the
         failure, its attempts go up by one, committed before this returns."""

@@ -1,0 +1,159 @@
+"""Fault script: SIGKILL kernel and model tunes at random points, re-run them, count what was lost.
+
+For each scenario, one uninterrupted run on its own database is the reference. Then, on a
+second database, the same command is started and killed (SIGKILL to its process group, so
+its workers die too) at a random moment, ``--kills`` times in all, and finally run to the
+end. The concurrent scenario starts two identical tunes on one database, kills one at a
+random moment, and re-runs both. Printed per scenario:
+
+- records lost: rows present right after a kill that are missing, or changed, at the end
+  (a retried run timeout may change; nothing else may);
+- measured twice: "measured twice" warnings of any run (a candidate measured although its
+  record existed; claims and lookups exist to prevent it);
+- records and best latency at the end, against the uninterrupted run's (the ledger should
+  give the same record count; the best latencies differ by timing noise and search path).
+
+Usage: ``python benchmarks/faults.py --kills 20 [--json PATH] [--out RESULTS.md]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+
+KERNEL = ["--kernel", "matmul:M=64,N=64,K=64", "--trials", "24", "--exploit-trials", "16", "--batch-size", "4"]
+MODEL = ["--model", "resnet18", "--resolution", "32", "--trials", "40", "--trials-per-task", "4",
+         "--batch-size", "4"]
+
+
+def rows(db: str) -> dict[tuple, tuple]:
+    """(workload, target, key) -> the whole row, read-only; {} while the file is not there yet."""
+    if not os.path.exists(db):
+        return {}
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+        try:
+            got = con.execute("SELECT * FROM records").fetchall()
+            cols = [d[0] for d in con.execute("SELECT * FROM records LIMIT 0").description]
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return {}
+    i = [cols.index(c) for c in ("workload_id", "target", "candidate_key")]
+    return {tuple(r[j] for j in i): r for r in got}
+
+
+def best(db: str) -> float | None:
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        row = con.execute("SELECT SUM(m) FROM (SELECT MIN(mean_secs) AS m FROM records GROUP BY workload_id)")
+        return row.fetchone()[0]
+    finally:
+        con.close()
+
+
+def start(args: list[str], db: str, log: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "stormdrop", "-v", "tune", *args, "--db", db, "--no-progress"]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "ab"), start_new_session=True)
+
+
+def kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def twice(logs: list[str]) -> int:
+    return sum(open(p, errors="replace").read().count("was measured twice") for p in logs if os.path.exists(p))
+
+
+def lost(snapshots: list[dict], final: dict) -> int:
+    n = 0
+    for snap in snapshots:
+        for key, row in snap.items():
+            now = final.get(key)
+            retried = now is not None and row[8] in ("run_timeout", "runner_crash")  # error column
+            n += now is None or (now != row and not retried)
+    return n
+
+
+def scenario(name: str, args: list[str], kills: int, rng: random.Random, tmp: str, concurrent: bool) -> dict:
+    ref_db, db = os.path.join(tmp, f"{name}_ref.db"), os.path.join(tmp, f"{name}.db")
+    logs = [os.path.join(tmp, f"{name}_{i}.log") for i in range(3)]
+    t0 = time.monotonic()
+    ref = start(args, ref_db, logs[2])
+    if ref.wait() != 0:
+        raise SystemExit(f"{name}: the uninterrupted run failed; see {logs[2]}")
+    duration = time.monotonic() - t0
+    snapshots, done, runs = [], 0, 1
+    while done < kills:
+        procs = [start(args, db, logs[0])] + ([start(args, db, logs[1])] if concurrent else [])
+        runs += len(procs)
+        time.sleep(rng.uniform(0.1, 0.9) * duration)
+        victim = procs[0] if not concurrent else rng.choice(procs)
+        if victim.poll() is not None:  # it finished before its kill: nothing left to interrupt
+            for p in procs:
+                p.wait()
+            break
+        kill(victim)
+        done += 1
+        snapshots.append(rows(db))
+        for p in procs:
+            if p is not victim:
+                p.wait()
+    final_runs = [start(args, db, logs[0])] + ([start(args, db, logs[1])] if concurrent else [])
+    runs += len(final_runs)
+    codes = [p.wait() for p in final_runs]
+    final = rows(db)
+    return {"scenario": name, "runs": runs, "kills": done, "records_lost": lost(snapshots, final),
+            "measured_twice": twice(logs[:2]), "final_ok": all(c == 0 for c in codes),
+            "records": len(final), "records_uninterrupted": len(rows(ref_db)),
+            "best_s": best(db), "best_uninterrupted_s": best(ref_db), "uninterrupted_s": duration}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--kills", type=int, default=20, help="SIGKILLs per scenario")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None)
+    p.add_argument("--out", default=None, help="append the table to this Markdown file")
+    args = p.parse_args(argv)
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory(prefix="stormdrop-faults-") as tmp:
+        results = [scenario("kernel", KERNEL, args.kills, rng, tmp, False),
+                   scenario("model", MODEL, max(1, args.kills // 4), rng, tmp, False),
+                   scenario("concurrent", KERNEL, max(1, args.kills // 4), rng, tmp, True)]
+    lines = [f"## Faults, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
+             f"- command: `benchmarks/faults.py --kills {args.kills} --seed {args.seed}`",
+             f"- kernel: `{' '.join(KERNEL)}`; model: `{' '.join(MODEL)}`; concurrent: two kernel tunes on one "
+             "database, one of them killed each round", "",
+             "| scenario | runs | kills | records lost | measured twice | final run ok | records | records "
+             "(uninterrupted) | best (us) | best uninterrupted (us) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        us = lambda s: f"{s * 1e6:.1f}" if s else "n/a"  # noqa: E731
+        lines.append(f"| {r['scenario']} | {r['runs']} | {r['kills']} | {r['records_lost']} | {r['measured_twice']} "
+                     f"| {'yes' if r['final_ok'] else 'NO'} | {r['records']} | {r['records_uninterrupted']} "
+                     f"| {us(r['best_s'])} | {us(r['best_uninterrupted_s'])} |")
+    print("\n".join(lines))
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write("\n" + "\n".join(lines) + "\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
