@@ -189,7 +189,9 @@ def test_cli_json_export_import_show(tmp_path):
     doc = json.loads(out.read_text())
     assert set(doc) == {"target", "tuning_s", "tasks"}
     (task,) = doc["tasks"]
-    assert set(task) == {"name", "workload", "flops", "latency_s", "verified", "tuning_s", "trials"}
+    assert set(task) == {"name", "workload", "flops", "latency_s", "verified", "fallbacks", "tuning_s", "trials",
+                         "history"}
+    assert task["fallbacks"] == 0 and len(task["history"]) == sum(task["trials"][p] for p in ("storm", "raindrop"))
     assert task["verified"] is True and task["flops"] == 2 * 16 * 32 * 16 + 2 * 16 * 32
     assert set(task["trials"]) == {"reuse", "storm", "raindrop", "failed"}
 
@@ -316,3 +318,33 @@ def test_two_tuners_on_one_database_never_measure_a_candidate_twice(tmp_path):
     assert all(d["verified"] for d in docs)
     with sqlite3.connect(db) as con:
         assert con.execute("SELECT COUNT(*) FROM claims").fetchone() == (0,)  # every claim released
+
+
+def test_verification_falls_back_re_measures_and_is_never_claimed_unchecked(tmp_path, traces):
+    """The best record fails its check: the next one is used, with its re-measured latency, and the
+    result says how many better records failed. Outputs not checked: never "verified"."""
+    from dbutil import TARGET, matmul_mod
+
+    from stormdrop.measure import MeasureConfig
+    from stormdrop.records import MeasureResult
+    from stormdrop.space import Candidate
+    from stormdrop.tune import TaskSession, verify_best
+    from stormdrop.workloads import Kernel
+
+    mod = matmul_mod()
+    kernel = Kernel("matmul_128", "matmul_128", "matmul", mod, 2 * 128**3)
+    cands = [Candidate.from_schedule(_tvm.schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:3]]
+    ok = lambda s: MeasureResult(run_secs=(s, s))  # noqa: E731
+    with Database(tmp_path / "v.db") as db:
+        TaskSession(db, _ScriptedGateway([ok(1e-3), ok(2e-3), ok(3e-3)]), kernel, TARGET, 0).evaluate(cands)
+        check = _ScriptedGateway([MeasureResult.failure(ErrorKind.WRONG_RESULT, "differs"), ok(2.5e-3)])
+        session = TaskSession(db, check, kernel, TARGET, 0)
+        verify_best(session)
+        assert session.result.verified and session.result.fallbacks == 1
+        assert session.result.latency_s == pytest.approx(2.5e-3)  # re-measured, not the stored 2e-3
+        assert session.result.trace_json == db.records(db.find_workload(mod).workload_id)[1].trace_json
+        unchecked = _ScriptedGateway([ok(1.1e-3)])
+        unchecked.config = MeasureConfig(check_correctness=False)
+        session = TaskSession(db, unchecked, kernel, TARGET, 0)
+        verify_best(session)
+        assert not session.result.verified and session.result.latency_s == pytest.approx(1.1e-3)

@@ -250,16 +250,21 @@ def _measured(session: TaskSession) -> int:
 
 
 def _ms_database(sessions: list[TaskSession], target: Target) -> ms.database.MemoryDatabase:
-    """A MetaSchedule database holding the best verified record of each task."""
+    """A MetaSchedule database holding the best record of each task that ran again after tuning
+    (``verify_best``; checked against the reference unless checking was turned off)."""
     mdb = ms.database.MemoryDatabase()
     for s in sessions:
-        if s.result.verified and s.result.trace_json:
+        if s.result.trace_json:
             commit_best(mdb, s.kernel.mod, s.result.trace_json, s.result.latency_s, target)
     return mdb
 
 
 def _compile_and_verify(result: ModelResult, model: Model, fused: tvm.IRModule, sessions: list[TaskSession],
                         target: Target, output: str | None, seed: int) -> None:
+    untuned = [s.kernel.name for s in sessions if not s.result.trace_json]
+    if untuned:
+        log.warning("%d task(s) have no valid schedule and run with TVM's default: %s", len(untuned),
+                    ", ".join(untuned))
     inputs = random_inputs(model, seed)
     untuned_outs, result.latency_s["untuned"] = run_model(tvm.compile(model.mod, target=target), inputs, target)
     ex = compile_model(fused, _ms_database(sessions, target), target)

@@ -35,8 +35,15 @@ def task_table(tasks: Sequence[object]) -> str:
         share = f"{100 * weighted[i] / total:.1f}%" if total > 0 else None  # of the tasks' weight x latency
         rows.append([i, t.name, t.flops, getattr(t, "weight", 1), t.gflops, lat, share,
                      f"{t.trials['storm']}+{t.trials['raindrop']}", t.trials["failed"],
-                     "yes" if t.verified else "NO", t.tuning_s])
+                     _verified(t), t.tuning_s])
     return table(header, rows)
+
+
+def _verified(t: object) -> str:
+    if not t.verified:
+        return "NO" if t.latency_s is None else "unchecked"
+    n = getattr(t, "fallbacks", 0)
+    return "yes" if not n else f"yes (best {n} failed)"
 
 
 def format_best_table(db: Any, target: str | None = None) -> str:

@@ -50,6 +50,7 @@ class TaskResult:
     trace_json: str | None = None
     history: list[Trial] = field(default_factory=list)  # this run's measured trials, in order
     weight: int = 1  # occurrences in a model
+    fallbacks: int = 0  # better records that failed verification (0: the best record itself was verified)
 
     @property
     def gflops(self) -> float | None:
@@ -57,7 +58,8 @@ class TaskResult:
 
     def to_json(self) -> dict:
         return {"name": self.name, "workload": self.workload, "flops": int(self.flops),
-                "latency_s": self.latency_s, "verified": self.verified, "tuning_s": round(self.tuning_s, 3),
+                "latency_s": self.latency_s, "verified": self.verified, "fallbacks": self.fallbacks,
+                "tuning_s": round(self.tuning_s, 3),
                 "trials": dict(self.trials), "history": [t.to_json() for t in self.history]}
 
 
@@ -334,8 +336,13 @@ class TaskTuner:
 
 
 def verify_best(task: TaskSession, k: int = 3) -> None:
-    """Rebuild the best stored schedules from their traces; the first that checks out wins."""
-    for rec in task.db.best(task.entry.workload_id, task.target_key, k=k):
+    """Rebuild the best stored schedules from their traces and measure them again; the first that
+    checks out wins, with its re-measured latency (a stored best is the luckiest of many noisy
+    samples). ``verified`` only when outputs were checked (``MeasureConfig.check_correctness``);
+    ``fallbacks``: how many better records failed (said in the table and the JSON)."""
+    config = getattr(task.gateway, "config", None)
+    checked = config is None or config.check_correctness
+    for rank, rec in enumerate(task.db.best(task.entry.workload_id, task.target_key, k=k)):
         try:
             mod = task.candidate_of(rec, rec.phase).mod
         except Exception as err:  # noqa: BLE001
@@ -343,9 +350,13 @@ def verify_best(task: TaskSession, k: int = 3) -> None:
             continue
         check = task.gateway.measure(task.entry.shash, [mod])[0]
         if check.ok:
-            task.result.latency_s = rec.mean
-            task.result.verified = True
+            task.result.latency_s = check.mean
+            task.result.verified = checked
             task.result.trace_json = rec.trace_json
+            task.result.fallbacks = rank
+            if rank:
+                log.warning("%s: the %d best record(s) failed verification; using record %s", task.kernel.name,
+                            rank, rec.record_id)
             return
         log.warning("best record %s failed verification: %s", rec.record_id, check.error_msg)
 
