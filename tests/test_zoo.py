@@ -48,7 +48,8 @@ def _run_ort(model, x: np.ndarray) -> np.ndarray:
 
 def test_zoo_names():
     assert zoo_names() == list(ZOO)
-    assert len(zoo_names()) == 12
+    assert len(zoo_names()) == 23
+    assert ZOO["efficientnet_b4"].paper_size == 380
     assert ZOO["inception_v3"].paper_size == 299
     assert ZOO["resnet50"].paper_size == 224
 
@@ -67,7 +68,7 @@ def test_zoo_model_checks_and_runs(name):
     assert 1e-3 < float(np.abs(y).max()) < 1e4  # activations stay O(1)-ish
 
 
-@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "bert_base"])
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "bert_base", "shufflenet_v2_x1_0"])
 def test_zoo_model_matches_under_tvm(name):
     tvm = pytest.importorskip("tvm")
     from tvm import relax

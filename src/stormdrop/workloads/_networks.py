@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import onnx
 
 from ._onnx_builder import GraphBuilder
@@ -58,8 +60,20 @@ def resnet18(batch: int, res: int, seed: int) -> onnx.ModelProto:
     return _resnet("resnet18", _basic_block, (2, 2, 2, 2), batch, res, seed)
 
 
+def resnet34(batch: int, res: int, seed: int) -> onnx.ModelProto:
+    return _resnet("resnet34", _basic_block, (3, 4, 6, 3), batch, res, seed)
+
+
 def resnet50(batch: int, res: int, seed: int) -> onnx.ModelProto:
     return _resnet("resnet50", _bottleneck, (3, 4, 6, 3), batch, res, seed)
+
+
+def resnet101(batch: int, res: int, seed: int) -> onnx.ModelProto:
+    return _resnet("resnet101", _bottleneck, (3, 4, 23, 3), batch, res, seed)
+
+
+def resnet152(batch: int, res: int, seed: int) -> onnx.ModelProto:
+    return _resnet("resnet152", _bottleneck, (3, 8, 36, 3), batch, res, seed)
 
 
 # ------------------------------------------------------------------------------ MobileNetV2
@@ -117,13 +131,33 @@ def alexnet(batch: int, res: int, seed: int) -> onnx.ModelProto:
     return _adaptive_fc_head(g, x, 6, 4096)
 
 
-def vgg16(batch: int, res: int, seed: int) -> onnx.ModelProto:
-    g, x = _image_input("vgg16", batch, res, seed)
-    cfg = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M",
-           512, 512, 512, "M", 512, 512, 512, "M"]
-    for v in cfg:
-        x = g.maxpool(x, 2, 2) if v == "M" else g.conv_act(x, v, 3, 1, 1)
+_VGG = {  # convolutions per stage of 64, 128, 256, 512, 512 channels (torchvision's configs A, B, D, E)
+    "vgg11": (1, 1, 2, 2, 2), "vgg13": (2, 2, 2, 2, 2), "vgg16": (2, 2, 3, 3, 3), "vgg19": (2, 2, 4, 4, 4)}
+
+
+def _vgg(name: str, batch: int, res: int, seed: int) -> onnx.ModelProto:
+    g, x = _image_input(name, batch, res, seed)
+    for width, n in zip((64, 128, 256, 512, 512), _VGG[name]):
+        for _ in range(n):
+            x = g.conv_act(x, width, 3, 1, 1)
+        x = g.maxpool(x, 2, 2)
     return _adaptive_fc_head(g, x, 7, 4096)
+
+
+def vgg11(batch: int, res: int, seed: int) -> onnx.ModelProto:
+    return _vgg("vgg11", batch, res, seed)
+
+
+def vgg13(batch: int, res: int, seed: int) -> onnx.ModelProto:
+    return _vgg("vgg13", batch, res, seed)
+
+
+def vgg16(batch: int, res: int, seed: int) -> onnx.ModelProto:
+    return _vgg("vgg16", batch, res, seed)
+
+
+def vgg19(batch: int, res: int, seed: int) -> onnx.ModelProto:
+    return _vgg("vgg19", batch, res, seed)
 
 
 # ------------------------------------------------------------------------------ SqueezeNet
@@ -157,14 +191,36 @@ def squeezenet1_0(batch: int, res: int, seed: int) -> onnx.ModelProto:
 # ------------------------------------------------------------------------------ DenseNet
 
 
+_DENSENET = {  # (growth, initial features, layers per block), torchvision's
+    "densenet121": (32, 64, (6, 12, 24, 16)), "densenet161": (48, 96, (6, 12, 36, 24)),
+    "densenet169": (32, 64, (6, 12, 32, 32)), "densenet201": (32, 64, (6, 12, 48, 32))}
+
+
 def densenet121(batch: int, res: int, seed: int) -> onnx.ModelProto:
-    """DenseNet-121 (growth 32, bn_size 4, blocks 6/12/24/16). The pre-activation BNs act on
-    concatenated features, so with random weights they are dropped (not folded)."""
-    g, x = _image_input("densenet121", batch, res, seed)
-    growth, bn_size = 32, 4
-    x = g.conv_act(x, 64, 7, 2, 3)
+    return _densenet("densenet121", batch, res, seed)
+
+
+def densenet161(batch: int, res: int, seed: int) -> onnx.ModelProto:
+    return _densenet("densenet161", batch, res, seed)
+
+
+def densenet169(batch: int, res: int, seed: int) -> onnx.ModelProto:
+    return _densenet("densenet169", batch, res, seed)
+
+
+def densenet201(batch: int, res: int, seed: int) -> onnx.ModelProto:
+    return _densenet("densenet201", batch, res, seed)
+
+
+def _densenet(name: str, batch: int, res: int, seed: int) -> onnx.ModelProto:
+    """DenseNet (bn_size 4). The pre-activation BNs act on concatenated features, so with
+    random weights they are dropped (not folded)."""
+    g, x = _image_input(name, batch, res, seed)
+    growth, features, blocks = _DENSENET[name]
+    bn_size = 4
+    x = g.conv_act(x, features, 7, 2, 3)
     x = g.maxpool(x, 3, 2, 1)
-    for i, n_layers in enumerate((6, 12, 24, 16)):
+    for i, n_layers in enumerate(blocks):
         for _ in range(n_layers):
             y = g.conv(g.relu(x), bn_size * growth, 1, bias=False)
             y = g.conv(g.relu(y), growth, 3, 1, 1, bias=False)
@@ -298,27 +354,74 @@ def mnasnet1_0(batch: int, res: int, seed: int) -> onnx.ModelProto:
     return _classifier(g, x)
 
 
+def _divisible(v: float, d: int = 8) -> int:
+    """torchvision's _make_divisible: the nearest multiple of d, never 10% below v."""
+    out = max(d, int(v + d / 2) // d * d)
+    return out + d if out < 0.9 * v else out
+
+
 def efficientnet_b0(batch: int, res: int, seed: int) -> onnx.ModelProto:
-    g, x = _image_input("efficientnet_b0", batch, res, seed)
+    return _efficientnet("efficientnet_b0", 1.0, 1.0, batch, res, seed)
+
+
+def efficientnet_b4(batch: int, res: int, seed: int) -> onnx.ModelProto:
+    return _efficientnet("efficientnet_b4", 1.4, 1.8, batch, res, seed)
+
+
+def _efficientnet(name: str, width: float, depth: float, batch: int, res: int, seed: int) -> onnx.ModelProto:
+    g, x = _image_input(name, batch, res, seed)
     # SiLU keeps less of its input's energy than ReLU; a He gain of 1.25 on the SiLU convs keeps
     # the random logits O(1) at 224 (the SE gates and SiLU make this network gain-sensitive)
     silu_gain = 1.25
-    x = g.conv_act(x, 32, 3, 2, act="silu", gain=silu_gain)
-    # (expand, kernel, stride, out, layers); stochastic depth is the identity in eval mode
+    x = g.conv_act(x, _divisible(32 * width), 3, 2, act="silu", gain=silu_gain)
+    # (expand, kernel, stride, out, layers) of B0, scaled by width and depth; stochastic depth
+    # is the identity in eval mode
     for t, k, s, out, n in ((1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2),
                             (6, 3, 2, 80, 3), (6, 5, 1, 112, 3), (6, 5, 2, 192, 4),
                             (6, 3, 1, 320, 1)):
-        for i in range(n):
+        out = _divisible(out * width)
+        for i in range(math.ceil(n * depth)):
             stride = s if i == 0 else 1
             inp = g.channels(x)
-            mid = inp * t  # already a multiple of 8 for B0
+            mid = _divisible(inp * t)
             residual = stride == 1 and inp == out
             h = x if mid == inp else g.conv_act(x, mid, 1, act="silu", gain=silu_gain)
             h = g.conv_act(h, mid, k, stride, groups=mid, act="silu", gain=silu_gain)
             h = g.squeeze_excite(h, max(1, inp // 4), act="silu")
             h = g.conv_act(h, out, 1, act=None, gain=RESIDUAL_GAIN if residual else 1.0)
             x = g.add(h, x) if residual else h
-    x = g.conv_act(x, 1280, 1, act="silu", gain=silu_gain)
+    x = g.conv_act(x, 4 * g.channels(x), 1, act="silu", gain=silu_gain)
+    return _classifier(g, x)
+
+
+# ------------------------------------------------------------------------------ ShuffleNetV2
+
+
+def _shuffle(g: GraphBuilder, x: str) -> str:
+    """Channel shuffle with 2 groups: [N, 2, C/2, H, W] -> transpose -> [N, C, H, W]."""
+    n, c, h, w = g.shape(x)
+    y = g.transpose(g.reshape(x, (n, 2, c // 2, h, w)), (0, 2, 1, 3, 4))
+    return g.reshape(y, (n, c, h, w))
+
+
+def shufflenet_v2_x1_0(batch: int, res: int, seed: int) -> onnx.ModelProto:
+    g, x = _image_input("shufflenet_v2_x1_0", batch, res, seed)
+    x = g.conv_act(x, 24, 3, 2, 1)
+    x = g.maxpool(x, 3, 2, 1)
+    for out, repeats in ((116, 4), (232, 8), (464, 4)):
+        half = out // 2
+        for i in range(repeats):
+            if i == 0:  # stride 2: both branches see the whole input
+                inp = g.channels(x)
+                b1 = g.conv_act(g.conv_act(x, inp, 3, 2, 1, groups=inp, act=None), half, 1)
+                b2 = g.conv_act(x, half, 1)
+                b2 = g.conv_act(g.conv_act(b2, half, 3, 2, 1, groups=half, act=None), half, 1)
+            else:  # stride 1: half the channels pass, the other half goes through the branch
+                b1 = g.slice_channels(x, 0, half)
+                b2 = g.conv_act(g.slice_channels(x, half, 2 * half), half, 1)
+                b2 = g.conv_act(g.conv_act(b2, half, 3, 1, 1, groups=half, act=None), half, 1)
+            x = _shuffle(g, g.concat([b1, b2]))
+    x = g.conv_act(x, 1024, 1)
     return _classifier(g, x)
 
 

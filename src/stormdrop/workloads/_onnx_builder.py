@@ -290,6 +290,12 @@ class GraphBuilder:
             raise ValueError(f"reshape: {self.shapes[x]} -> {shape}")
         return self._node("Reshape", [x, self.const(shape, np.int64)], shape)
 
+    def slice_channels(self, x: str, start: int, end: int) -> str:
+        s = list(self.shapes[x])
+        s[1] = end - start
+        consts = [self.const([v], np.int64) for v in (start, end, 1)]
+        return self._node("Slice", [x, *consts], s)
+
     def transpose(self, x: str, perm: Sequence[int]) -> str:
         s = self.shapes[x]
         return self._node("Transpose", [x], [s[p] for p in perm], perm=list(perm))
