@@ -96,8 +96,9 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
     )
     from stormdrop.model_tune import tune_model
     from stormdrop.workloads.models import load_model
+    from stormdrop.workloads.zoo import SEQUENCE_MODELS
 
-    size = ("seq_len", args.seq_len) if name == "bert_base" else ("resolution", args.resolution)
+    size = ("seq_len", args.seq_len) if name in SEQUENCE_MODELS else ("resolution", args.resolution)
     kw = {size[0]: size[1]} if size[1] else {}
     model = load_model(name, seed=args.seed, **kw)
     inputs = random_inputs(model, args.seed)

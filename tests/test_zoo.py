@@ -22,7 +22,7 @@ BERT_SMALL = dict(seq_len=8, layers=2)
 
 
 def _tiny_kwargs(name: str) -> dict:
-    if name == "bert_base":
+    if name in ("bert_base", "mobilebert"):
         return dict(BERT_SMALL)
     return {"resolution": 75 if name == "inception_v3" else 32}
 
@@ -48,7 +48,7 @@ def _run_ort(model, x: np.ndarray) -> np.ndarray:
 
 def test_zoo_names():
     assert zoo_names() == list(ZOO)
-    assert len(zoo_names()) == 23
+    assert len(zoo_names()) == 24
     assert ZOO["efficientnet_b4"].paper_size == 380
     assert ZOO["inception_v3"].paper_size == 299
     assert ZOO["resnet50"].paper_size == 224
@@ -59,7 +59,7 @@ def test_zoo_model_checks_and_runs(name):
     model = _tiny_model(name)
     onnx.checker.check_model(model)
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
-    expected = [1, 8, 768] if name == "bert_base" else [1, 1000]
+    expected = {"bert_base": [1, 8, 768], "mobilebert": [1, 8, 512]}.get(name, [1, 1000])
     out_dims = [d.dim_value for d in inferred.graph.output[0].type.tensor_type.shape.dim]
     assert out_dims == expected
     y = _run_ort(model, _input_for(model))
@@ -68,7 +68,7 @@ def test_zoo_model_checks_and_runs(name):
     assert 1e-3 < float(np.abs(y).max()) < 1e4  # activations stay O(1)-ish
 
 
-@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "bert_base", "shufflenet_v2_x1_0"])
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "bert_base", "shufflenet_v2_x1_0", "mobilebert"])
 def test_zoo_model_matches_under_tvm(name):
     tvm = pytest.importorskip("tvm")
     from tvm import relax

@@ -313,6 +313,13 @@ class GraphBuilder:
             "LayerNormalization", [x, scale, shift], self.shapes[x], axis=-1, epsilon=eps
         )
 
+    def nonorm(self, x: str) -> str:
+        """MobileBERT's NoNorm: an elementwise affine map (``x * w + b``) in place of a layer norm."""
+        d = self.shapes[x][-1]
+        w = self.initializer("nonorm_w", (1.0 + 0.05 * self.rng.standard_normal(d)).astype(np.float32))
+        b = self.initializer("nonorm_b", (0.01 * self.rng.standard_normal(d)).astype(np.float32))
+        return self.add(self.mul(x, w), b)
+
     def squeeze_excite(
         self, x: str, squeeze_ch: int, *, act: str = "relu", gate: str = "sigmoid"
     ) -> str:

@@ -41,6 +41,7 @@ from ._networks import (
     googlenet,
     inception_v3,
     mnasnet1_0,
+    mobilebert,
     mobilenet_v2,
     resnet18,
     resnet34,
@@ -88,10 +89,12 @@ ZOO: dict[str, ZooEntry] = {
     "densenet201": ZooEntry(densenet201, _IMG.format(224), 224),
     "shufflenet_v2_x1_0": ZooEntry(shufflenet_v2_x1_0, _IMG.format(224), 224),
     "efficientnet_b4": ZooEntry(efficientnet_b4, _IMG.format(380), 380),
+    "mobilebert": ZooEntry(mobilebert, "[batch, 256, 512] (float32 hidden states)", 256),
     "bert_base": ZooEntry(bert_base, "[batch, 128, 768] (float32 hidden states)", 128),
 }
 
 _MIN_RESOLUTION = {"inception_v3": 75}  # others: 32
+SEQUENCE_MODELS = {"bert_base": 12, "mobilebert": 24}  # take seq_len and layers (their default layers)
 
 
 def zoo_names() -> list[str]:
@@ -121,15 +124,15 @@ def build_zoo_model(
         raise SpecError(f"unknown zoo model {name!r}; known: {', '.join(ZOO)}")
     if not isinstance(batch, int) or batch < 1:
         raise SpecError(f"zoo model {name}: batch must be a positive integer, got {batch!r}")
-    if name == "bert_base":
+    if name in SEQUENCE_MODELS:
         if resolution is not None:
-            raise SpecError("zoo model bert_base takes seq_len, not resolution")
+            raise SpecError(f"zoo model {name} takes seq_len, not resolution")
         seq = entry.paper_size if seq_len is None else seq_len
         if not isinstance(seq, int) or seq < 1:
-            raise SpecError(f"zoo model bert_base: seq_len must be a positive integer, got {seq!r}")
-        n_layers = 12 if layers is None else layers
+            raise SpecError(f"zoo model {name}: seq_len must be a positive integer, got {seq!r}")
+        n_layers = SEQUENCE_MODELS[name] if layers is None else layers
         if not isinstance(n_layers, int) or n_layers < 1:
-            raise SpecError(f"zoo model bert_base: layers must be a positive integer, got {layers!r}")
+            raise SpecError(f"zoo model {name}: layers must be a positive integer, got {layers!r}")
         return entry.builder(batch, seq, seed, layers=n_layers)
     if seq_len is not None or layers is not None:
         raise SpecError(f"zoo model {name} takes resolution, not seq_len/layers")
