@@ -1,0 +1,158 @@
+"""Reuse across models against the transfer-tuning paper (Gibson & Cano, arXiv 2201.05587).
+
+For each donor -> target pair: the donor is tuned from scratch into its own database, then
+the target is compiled five ways, all timed in the same process, taking turns:
+
+- (a) untuned (TVM's default schedules);
+- (b) reuse only: ``--phases reuse`` with ``--reuse-from donor.db`` (transfer-tuning);
+- (c) reuse + raindrop: ``--phases reuse,raindrop`` (Droplet Search from the best transfer);
+- (d) storm + raindrop from scratch, ``--time-budget`` seconds;
+- ONNX Runtime (default graph optimizations, same threads) beside them.
+
+Printed: latencies, tuning seconds, and the fraction of (d)'s improvement that (b) and (c)
+reach, ``(untuned - x) / (untuned - d)`` (the paper: 49% for reuse alone on average, and
+Ansor needed 6.5x its search time to match it), with their share of (d)'s tuning time.
+
+Usage: ``python benchmarks/bench_reuse.py --pairs resnet50:resnet18 --resolution 56 --time-budget 600``
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+
+PAIRS = ["resnet50:resnet18", "efficientnet_b4:mobilenet_v2", "googlenet:resnet50", "vgg16:alexnet",
+         "bert_base:mobilebert"]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--pairs", default=",".join(PAIRS), help="donor:target,... (zoo names)")
+    p.add_argument("--resolution", type=int, default=None, help="image models' input size (default: the paper's)")
+    p.add_argument("--seq-len", type=int, default=None, help="sequence models' length (default: the paper's)")
+    p.add_argument("--time-budget", type=float, default=600, help="seconds for the donor and for (d) each")
+    p.add_argument("--trials-per-task", type=int, default=64, help="per-task cap of the donor and (d)")
+    p.add_argument("--raindrop-trials", type=int, default=16, help="(c): raindrop trials per task")
+    p.add_argument("--reuse", type=int, default=8, help="(b), (c): transfers measured per task at most")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--db-dir", default=None, help="keep the databases here (default: a temporary directory)")
+    p.add_argument("--out", default="benchmarks/RESULTS.md")
+    p.add_argument("--json", default=None)
+    return p.parse_args(argv)
+
+
+def load(name: str, args: argparse.Namespace):
+    from stormdrop.workloads.models import load_model
+    from stormdrop.workloads.zoo import SEQUENCE_MODELS
+
+    kw = ({"seq_len": args.seq_len} if args.seq_len else {}) if name in SEQUENCE_MODELS else (
+        {"resolution": args.resolution} if args.resolution else {})
+    return load_model(name, seed=args.seed, **kw)
+
+
+def one_pair(donor: str, target_name: str, args: argparse.Namespace, target, db_dir: str) -> dict:
+    import tvm
+
+    from stormdrop.database import Database
+    from stormdrop.model_bench import tuned_build
+    from stormdrop.model_run import (
+        interleaved,
+        model_timer,
+        num_cores,
+        onnxruntime_timer,
+        random_inputs,
+    )
+    from stormdrop.model_tune import tune_model
+    from stormdrop.records import Phase
+
+    def tuned(model, db: str, **kw) -> float:
+        t0 = time.monotonic()
+        tune_model(model, target=target, db=db, seed=args.seed, **kw)
+        return time.monotonic() - t0
+
+    out = {"donor": donor, "target": target_name}
+    donor_db = os.path.join(db_dir, f"{donor}.db")
+    out["donor_tuning_s"] = tuned(load(donor, args), donor_db, trials=None, trials_per_task=args.trials_per_task,
+                                  time_budget=args.time_budget)
+    model = load(target_name, args)
+    runs = {
+        "reuse": dict(phases=(Phase.REUSE,), reuse=args.reuse, reuse_from=[donor_db], trials=None,
+                      trials_per_task=2 * args.reuse),
+        "reuse_raindrop": dict(phases=(Phase.REUSE, Phase.RAINDROP), reuse=args.reuse, reuse_from=[donor_db],
+                               trials=None, trials_per_task=2 * args.raindrop_trials),
+        "scratch": dict(trials=None, trials_per_task=args.trials_per_task, time_budget=args.time_budget, reuse=0),
+    }
+    inputs = random_inputs(model, args.seed)
+    _, ort = onnxruntime_timer(model.onnx_model, inputs, num_cores(target))
+    timers = {"untuned": model_timer(tvm.compile(model.mod, target=target), inputs, target), "onnxruntime": ort}
+    for key, kw in runs.items():
+        db = os.path.join(db_dir, f"{target_name}_{key}.db")
+        out[f"{key}_tuning_s"] = tuned(model, db, **kw)
+        with Database(db) as d:
+            ex, rows = tuned_build(model, d, target)
+        out[f"{key}_tasks_tuned"] = f"{sum(r.latency_s is not None for r in rows)}/{len(rows)}"
+        timers[key] = model_timer(ex, inputs, target)
+    out.update({f"{k}_s": v for k, v in interleaved(timers, rounds=args.rounds).items()})
+    gain = out["untuned_s"] - out["scratch_s"]
+    for key in ("reuse", "reuse_raindrop"):
+        out[f"{key}_fraction"] = (out["untuned_s"] - out[f"{key}_s"]) / gain if gain > 0 else None
+        out[f"{key}_time_share"] = out[f"{key}_tuning_s"] / out["scratch_tuning_s"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _peers import machine, publish
+    from bench_kernels import pin_threads
+
+    from stormdrop.target import canonical, host_target, physical_cores
+
+    pin_threads(physical_cores())
+    target = host_target()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-reuse-") as tmp:
+        db_dir = args.db_dir or tmp
+        os.makedirs(db_dir, exist_ok=True)
+        for pair in [p.strip() for p in args.pairs.split(",") if p.strip()]:
+            donor, target_name = pair.split(":")
+            print(f"[{donor} -> {target_name}]", flush=True)
+            results.append(one_pair(donor, target_name, args, target, db_dir))
+            print(json.dumps(results[-1]), flush=True)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump({"command": " ".join(sys.argv), "target": canonical(target), "pairs": results}, f,
+                              indent=1)
+
+    def ms(v):
+        return f"{v * 1e3:.2f}" if v else "-"
+
+    def pct(v):
+        return f"{100 * v:.0f}%" if v is not None else "-"
+
+    header = ["donor -> target", "untuned", "(b) reuse", "s", "(c) reuse+raindrop", "s", "(d) scratch", "s",
+              "ONNX Runtime", "(b) of (d)'s gain", "(c) of (d)'s gain", "(b) time / (d)", "(c) time / (d)"]
+    rows = [[f"{r['donor']} -> {r['target']}", ms(r["untuned_s"]), ms(r["reuse_s"]), f"{r['reuse_tuning_s']:.0f}",
+             ms(r["reuse_raindrop_s"]), f"{r['reuse_raindrop_tuning_s']:.0f}", ms(r["scratch_s"]),
+             f"{r['scratch_tuning_s']:.0f}", ms(r["onnxruntime_s"]), pct(r["reuse_fraction"]),
+             pct(r["reuse_raindrop_fraction"]), pct(r["reuse_time_share"]), pct(r["reuse_raindrop_time_share"])]
+            for r in results]
+    lines = ["", f"## Reuse, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
+             f"- machine: {machine()}; target: `{canonical(target)}`", f"- command: `{' '.join(sys.argv)}`",
+             f"- donors and (d) tuned with --time-budget {args.time_budget:.0f} s; (b) up to {args.reuse} transfers "
+             f"a task; (c) the same, then up to {args.raindrop_trials} raindrop trials a task; latencies in ms, "
+             f"median of {args.rounds} rounds in which all peers take turns; gain = untuned - latency", "",
+             "| " + " | ".join(header) + " |", "|" + " --- |" * len(header),
+             *("| " + " | ".join(r) + " |" for r in rows), ""]
+    publish(lines, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
