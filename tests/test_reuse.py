@@ -168,3 +168,22 @@ def test_bad_phases_or_donor_database_is_one_error_line(tmp_path, args, needle):
                         "--db", str(tmp_path / "x.db"), "--no-progress"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "x.db").exists()
+
+
+def test_a_kernels_class_follows_its_blocks_layout_and_dtype_not_its_shapes():
+    """Model tasks exchange schedules only within a class: the fused blocks (layout and epilogue
+    included) and the dtype; shapes do not count, and donors come nearest shapes first."""
+    from stormdrop.model_tune import op_class
+    from stormdrop.reuse import shape_distance
+
+    def conv(c, h, layout="NCHW"):
+        return parse_kernel(f"conv2d:N=1,C={c},H={h},W={h},K={c},R=3,S=3,stride=1,pad=1,layout={layout}").mod
+
+    assert op_class(conv(16, 14)) == op_class(conv(32, 28))  # shapes do not count
+    assert op_class(conv(16, 14)) != op_class(conv(16, 14, "NHWC"))  # layouts do
+    assert op_class(conv(16, 14)) != op_class(parse_kernel("conv2d_bias_relu:N=1,C=16,H=14,W=14,K=16,R=3,S=3,"
+                                                           "stride=1,pad=1").mod)  # so do epilogues
+    assert op_class(conv(16, 14)).endswith(":float32")
+    near, far = shape_distance(conv(16, 14), conv(16, 16)), shape_distance(conv(16, 14), conv(64, 56))
+    assert 0 < near < far and shape_distance(conv(16, 14), conv(16, 14)) == 0
+    assert shape_distance(conv(16, 14), parse_kernel("matmul:M=16,N=16,K=16").mod) == math.inf

@@ -69,8 +69,20 @@ class ModelResult:
                 "latency_s": dict(self.latency_s), "tasks": [t.to_json() for t in self.tasks]}
 
 
-def _op_class(task_name: str) -> str:
-    return re.sub(r"\d+$", "", task_name.removeprefix("fused_")) or task_name
+def op_class(mod: tvm.IRModule, task_name: str = "") -> str:
+    """A fused kernel's class for reuse, shapes left out: its compute blocks (TOPI's names, counters
+    dropped, so that layout, pooling kind and fused epilogues all count) and its output dtype,
+    e.g. ``T_add+compute+conv2d_nhwc+pad_temp:float32``. Only kernels of one class exchange schedules."""
+    try:
+        from tvm.s_tir import Schedule
+
+        sch = Schedule(mod)
+        blocks = sorted(re.sub(r"\d+$", "", sch.get(b).name_hint)
+                        for b in sch.get_child_blocks(sch.get_sblock("root")))
+        dtype = str(ms.arg_info.ArgInfo.from_prim_func(mod["main"])[-1].dtype)
+        return "+".join(blocks) + ":" + dtype
+    except Exception:  # noqa: BLE001 - an unusual kernel: its own name, counters dropped
+        return re.sub(r"\d+", "", task_name.removeprefix("fused_")) or task_name
 
 
 def extract_tasks(model: Model, target: Target, layout: str = "auto", fast_math: bool = True,
@@ -119,7 +131,7 @@ def extract_tasks(model: Model, target: Target, layout: str = "auto", fast_math:
             flops = 0
         if "conv2d_winograd" in t.task_name:  # count a direct convolution's FLOPs: comparable GFLOPS
             flops = winograd_direct_flops(mod) or flops
-        out.append((Kernel(t.task_name, f"{model.name}:{t.task_name}", _op_class(t.task_name), mod, flops),
+        out.append((Kernel(t.task_name, f"{model.name}:{t.task_name}", op_class(mod, t.task_name), mod, flops),
                     int(t.weight)))
     return fused, out
 

@@ -77,7 +77,8 @@ def transfer(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModule, 
 
 def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int | None = None,
            others: Sequence[Database] = ()) -> list[tuple[WorkloadEntry, str]]:
-    """(workload, best trace) of the other workloads of the same class (at most ``limit``), nearest FLOPs first.
+    """(workload, best trace) of the other workloads of the same class (at most ``limit``), nearest
+    shapes first (``shape_distance``, then FLOPs).
 
     ``others``: more databases to draw donors from (``--reuse-from``, read only); there the same
     workload counts too (tuned for another model, say), and comes first.
@@ -93,8 +94,23 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int | Non
             best = source.best(other.workload_id, target_key, k=1)
             if best:
                 out.append((other, best[0].trace_json, same))
-    out.sort(key=lambda d: (not d[2], abs(math.log(max(d[0].flops, 1)) - math.log(max(entry.flops, 1)))))
+    out.sort(key=lambda d: (not d[2], shape_distance(d[0].mod, entry.mod),
+                            abs(math.log(max(d[0].flops, 1)) - math.log(max(entry.flops, 1)))))
     return [(w, t) for w, t, _ in out[:limit]]
+
+
+def shape_distance(a: tvm.IRModule, b: tvm.IRModule) -> float:
+    """How far apart two kernels' shapes are: the summed |log| ratios of their parameters' dims
+    (inf when their parameters differ in number or rank)."""
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    try:
+        sa, sb = ([[int(d) for d in info.shape] for info in ArgInfo.from_prim_func(m["main"])] for m in (a, b))
+    except Exception:  # noqa: BLE001 - symbolic shapes
+        return math.inf
+    if len(sa) != len(sb) or any(len(x) != len(y) for x, y in zip(sa, sb)):
+        return math.inf
+    return sum(abs(math.log(max(x, 1)) - math.log(max(y, 1))) for xs, ys in zip(sa, sb) for x, y in zip(xs, ys))
 
 
 def reuse_candidates(db: Database, entry: WorkloadEntry, target_key: str, postprocs: list,
