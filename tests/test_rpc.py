@@ -29,20 +29,19 @@ def _last_line(path) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-@pytest.fixture(scope="module")
-def tracker(tmp_path_factory):
-    """A tracker and one server with key KEY, in their own process group (their popen workers too).
+def _cluster(logs, key: str, servers: int):
+    """A tracker and ``servers`` servers with ``key``, in their own process groups (their popen workers
+    too); yields the tracker's address and the servers' log files.
 
-    If either process exits while we wait for the server to register, the fixture fails at once
-    with that process's last output line (e.g. a missing module) instead of waiting a minute."""
-    logs = tmp_path_factory.mktemp("rpc")
-    tport, sport = _free_port(), _free_port()
-    commands = {
-        "tracker": ["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(tport),
-                    "--port-end", str(tport + 1)],
-        "server": ["tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(sport),
-                   "--port-end", str(sport + 1), "--tracker", f"127.0.0.1:{tport}", "--key", KEY],
-    }
+    If a process exits while we wait for the servers to register, this fails at once with that
+    process's last output line (e.g. a missing module) instead of waiting a minute."""
+    tport = _free_port()
+    commands = {"tracker": ["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(tport),
+                            "--port-end", str(tport + 1)]}
+    for i in range(servers):
+        sport = _free_port()
+        commands[f"server{i}"] = ["tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(sport),
+                                  "--port-end", str(sport + 1), "--tracker", f"127.0.0.1:{tport}", "--key", key]
     procs = {}
     try:
         for name, args in commands.items():
@@ -61,15 +60,15 @@ def tracker(tmp_path_factory):
                 # connect_tracker itself retries for a minute: knock on the port first
                 socket.create_connection(("127.0.0.1", tport), timeout=1).close()
                 summary = rpc.connect_tracker("127.0.0.1", tport).summary()
-                if any(KEY in str(s.get("key", "")) for s in summary.get("server_info", [])):
+                if summary.get("queue_info", {}).get(key, {}).get("free", 0) >= servers:
                     break
             except Exception:  # noqa: BLE001 - not up yet
                 pass
             if time.monotonic() > deadline:
-                pytest.fail("the loopback RPC server did not register at the tracker: "
-                            f"{_last_line(logs / 'server.log')}")
+                pytest.fail("the loopback RPC servers did not register at the tracker: "
+                            f"{_last_line(logs / 'server0.log')}")
             time.sleep(0.5)
-        yield {"host": "127.0.0.1", "port": tport, "key": KEY}
+        yield {"host": "127.0.0.1", "port": tport, "key": key}, [logs / f"server{i}.log" for i in range(servers)]
     finally:
         for p in procs.values():
             try:
@@ -77,6 +76,19 @@ def tracker(tmp_path_factory):
             except ProcessLookupError:
                 pass
             p.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def tracker(tmp_path_factory):
+    """A tracker and one server with key KEY."""
+    for rpc, _ in _cluster(tmp_path_factory.mktemp("rpc"), KEY, 1):
+        yield rpc
+
+
+@pytest.fixture(scope="module")
+def two_devices(tmp_path_factory):
+    """A tracker and two servers with one key, and the servers' log files."""
+    yield from _cluster(tmp_path_factory.mktemp("rpc2"), KEY + "-2", 2)
 
 
 def test_kernel_tuned_through_the_rpc_tracker_is_verified(tmp_path, tracker):
@@ -112,3 +124,24 @@ def test_a_run_longer_than_the_rpc_session_timeout_stores_no_failure(tmp_path, t
     span = max(r.measured_at for r in recs) - min(r.measured_at for r in recs)
     assert span > 8, f"the run ({span:.1f} s) did not outlast two sessions: nothing was tested"
     assert len(recs) == 32 and [r.result.error for r in recs if not r.ok] == []
+
+
+def test_every_free_device_under_the_key_measures(tmp_path, two_devices):
+    """Two servers under one key: the gateway starts a runner per free device and both time
+    candidates (each server's log shows the modules it loaded); all results are committed."""
+    rpc, logs = two_devices
+    from stormdrop.measure import Gateway
+    from stormdrop.target import host_target
+
+    with Gateway(host_target(), MeasureConfig(rpc=rpc)) as g:
+        assert len(g._runners) == 2
+    with Gateway(host_target(), MeasureConfig(rpc=rpc, rpc_devices=1)) as g:
+        assert len(g._runners) == 1  # --rpc-devices caps it
+    result = tune_kernel("matmul:M=32,N=32,K=32", trials=16, exploit_trials=0, db=tmp_path / "two.db", seed=0,
+                         measure=MeasureConfig(rpc=rpc))
+    assert result.tasks[0].verified
+    with Database(tmp_path / "two.db") as db:
+        recs = db.records(db.workloads()[0].workload_id)
+    assert len(recs) == 16 and all(r.ok for r in recs)
+    loads = [log.read_text(errors="replace").count("load_module") for log in logs]
+    assert all(n > 0 for n in loads), f"modules loaded per server: {loads}"

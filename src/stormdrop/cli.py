@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--run-timeout", type=_positive(float), default=30.0)
     t.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT", help="time on a device of this RPC tracker")
     t.add_argument("--rpc-key", default=None, help="device key at the RPC tracker")
+    t.add_argument("--rpc-devices", type=_positive(int), default=0, metavar="N",
+                   help="time on at most N devices under the key at once (default: every free one)")
     t.add_argument("--no-progress", action="store_true")
     t.add_argument("--reuse", type=int, default=8, metavar="N",
                    help="first measure the best schedules of up to N same-class workloads in the database (0: off)")
@@ -200,7 +202,7 @@ def _measure_config(args: argparse.Namespace):
         rpc = {"host": host, "port": int(port), "key": args.rpc_key}
     return MeasureConfig(repeat=max(1, args.repeat), min_repeat_ms=args.min_repeat_ms,
                          cache_flush=args.cache_flush, build_timeout_s=args.build_timeout,
-                         run_timeout_s=args.run_timeout, rpc=rpc)
+                         run_timeout_s=args.run_timeout, rpc=rpc, rpc_devices=args.rpc_devices)
 
 
 def _cmd_tune_model(args: argparse.Namespace) -> int:

@@ -53,6 +53,7 @@ class MeasureConfig:
     check_correctness: bool = True
     builders: int = 0  # 0: one per physical core
     rpc: dict | None = None  # {"host":..., "port":..., "key":...} to time on an RPC tracker's device
+    rpc_devices: int = 0  # RPC: time on this many devices at once (0: every device free under the key)
 
 
 class _Worker:
@@ -125,6 +126,42 @@ class _Worker:
         self.kill()
 
 
+class _Runner:
+    """A runner worker and the workloads whose inputs and reference outputs it holds."""
+
+    def __init__(self, worker: _Worker) -> None:
+        self.worker = worker
+        self.references: set[str] = set()
+        self.generation = 0
+
+    def ensure_reference(self, key: str, workload: tuple[str, int], run_timeout_s: float) -> None:
+        self.worker.ensure()
+        if self.worker.generation != self.generation:  # restarted: references are gone
+            self.references.clear()
+            self.generation = self.worker.generation
+        if key in self.references:
+            return
+        status, value = self.worker.call("reference", (key, *workload), timeout=max(600.0, run_timeout_s))
+        if status != "ok":
+            reason = one_line(value) if str(value).strip() else status
+            raise MeasureError(f"cannot compute the reference output of {key}: {reason}")
+        self.references.add(key)
+
+
+def _devices(rpc: dict, cap: int) -> int:
+    """How many runners to start: the devices free under the key now (the tracker's summary),
+    at most ``cap`` (0: no cap), at least one (whose set-up then reports any problem)."""
+    try:
+        socket.create_connection((rpc["host"], int(rpc["port"])), timeout=5).close()
+        from tvm import rpc as tvm_rpc
+
+        info = tvm_rpc.connect_tracker(rpc["host"], int(rpc["port"])).summary().get("queue_info", {})
+        free = int(info.get(rpc["key"], {}).get("free", 1))
+    except Exception:  # noqa: BLE001 - the runner's own set-up says what is wrong
+        free = 1
+    return max(1, min(free, cap) if cap > 0 else free)
+
+
 class Gateway:
     """Builds and runs candidates for one target; see the module docstring."""
 
@@ -134,34 +171,19 @@ class Gateway:
         tjson = canonical(target)
         n = self.config.builders or physical_cores()
         self._builders = [_Worker("builder", tjson, None) for _ in range(max(1, n))]
-        self._runner = _Worker("runner", tjson, self.config.rpc)
+        devices = 1 if self.config.rpc is None else _devices(self.config.rpc, self.config.rpc_devices)
+        self._runners = [_Runner(_Worker("runner", tjson, self.config.rpc)) for _ in range(devices)]
         self._workdir = tempfile.mkdtemp(prefix="stormdrop-")
-        self._references: set[str] = set()
         self._workloads: dict[str, tuple[str, int]] = {}
-        self._runner_generation = 0
         self._counter = 0
         self.stats = {"build_s": 0.0, "run_s": 0.0, "measured": 0}
-        for w in (*self._builders, self._runner):
+        for w in (*self._builders, *(r.worker for r in self._runners)):
             w.start()  # start importing TVM in the background right away
 
     def prepare(self, key: str, workload: tvm.IRModule, seed: int = 0) -> None:
         """Make inputs and reference outputs for a workload (once per key)."""
         self._workloads.setdefault(key, (tvm.ir.save_json(workload), seed))
-        self._ensure_reference(key)
-
-    def _ensure_reference(self, key: str) -> None:
-        self._runner.ensure()
-        if self._runner.generation != self._runner_generation:  # restarted: references are gone
-            self._references.clear()
-            self._runner_generation = self._runner.generation
-        if key in self._references:
-            return
-        status, value = self._runner.call("reference", (key, *self._workloads[key]),
-                                          timeout=max(600.0, self.config.run_timeout_s))
-        if status != "ok":
-            reason = one_line(value) if str(value).strip() else status
-            raise MeasureError(f"cannot compute the reference output of {key}: {reason}")
-        self._references.add(key)
+        self._runners[0].ensure_reference(key, self._workloads[key], self.config.run_timeout_s)
 
     def measure(self, key: str, mods: list[tvm.IRModule],
                 on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:
@@ -181,11 +203,14 @@ class Gateway:
                 if r is not None:
                     on_result(i, r)
         try:
-            for i, b in enumerate(built):
-                if results[i] is None:
-                    results[i] = self._run(key, b)
-                    if on_result is not None:
-                        on_result(i, results[i])
+            if len(self._runners) == 1:
+                for i, b in enumerate(built):
+                    if results[i] is None:
+                        results[i] = self._run(key, b)
+                        if on_result is not None:
+                            on_result(i, results[i])
+            else:
+                self._run_parallel(key, built, results, on_result)
         finally:
             self.stats["run_s"] += time.monotonic() - t1
             self.stats["measured"] += sum(r is not None for r in results)
@@ -221,15 +246,47 @@ class Gateway:
                     idle.append(worker)
         return out
 
-    def _run(self, key: str, built: dict) -> MeasureResult:
+    def _run_payload(self, key: str, built: dict) -> tuple:
         cfg = self.config
-        self._ensure_reference(key)
+        return (key, built, cfg.number, cfg.repeat, cfg.min_repeat_ms, cfg.cache_flush, cfg.check_correctness)
+
+    def _run(self, key: str, built: dict) -> MeasureResult:
+        cfg, runner = self.config, self._runners[0]
+        runner.ensure_reference(key, self._workloads[key], cfg.run_timeout_s)
         # a local device is shared with every other stormdrop process on this machine: one timing at a time
         with timing() if cfg.rpc is None else contextlib.nullcontext():
-            status, value = self._runner.call(
-                "run", (key, built, cfg.number, cfg.repeat, cfg.min_repeat_ms, cfg.cache_flush, cfg.check_correctness),
-                timeout=cfg.run_timeout_s,
-            )
+            status, value = runner.worker.call("run", self._run_payload(key, built), timeout=cfg.run_timeout_s)
+        return self._result(status, value, built)
+
+    def _run_parallel(self, key: str, built: list, results: list,
+                      on_result: Callable[[int, MeasureResult], None] | None) -> None:
+        """Time on every RPC device at once: each idle device takes the next candidate."""
+        pending = [i for i, r in enumerate(results) if r is None]
+        idle, busy = list(self._runners), {}  # id(conn) -> (runner, job)
+        timeout = self.config.run_timeout_s
+        while pending or busy:
+            while pending and idle:
+                runner, job = idle.pop(), pending.pop(0)
+                runner.ensure_reference(key, self._workloads[key], timeout)
+                runner.worker.send("run", self._run_payload(key, built[job]))
+                busy[id(runner.worker.conn)] = (runner, job)
+            done = []
+            for conn in wait([r.worker.conn for r, _ in busy.values()], timeout=0.5):
+                runner, job = busy.pop(id(conn))
+                done.append((runner, job, *runner.worker.receive()))
+            now = time.monotonic()
+            for cid, (runner, job) in list(busy.items()):
+                if now - runner.worker.started_at > timeout:
+                    runner.worker.kill()
+                    busy.pop(cid)
+                    done.append((runner, job, "timeout", f"no answer within {timeout:.0f} s"))
+            for runner, job, status, value in done:
+                results[job] = self._result(status, value, built[job])
+                idle.append(runner)
+                if on_result is not None:
+                    on_result(job, results[job])
+
+    def _result(self, status: str, value: Any, built: dict) -> MeasureResult:
         try:
             os.remove(built["timed"])
         except OSError:
@@ -245,7 +302,7 @@ class Gateway:
         return MeasureResult(run_secs=tuple(value["run_secs"]))
 
     def close(self) -> None:
-        for w in (*self._builders, self._runner):
+        for w in (*self._builders, *(r.worker for r in self._runners)):
             w.stop()
         shutil.rmtree(self._workdir, ignore_errors=True)
 
