@@ -135,29 +135,13 @@ _VGG = {  # convolutions per stage of 64, 128, 256, 512, 512 channels (torchvisi
     "vgg11": (1, 1, 2, 2, 2), "vgg13": (2, 2, 2, 2, 2), "vgg16": (2, 2, 3, 3, 3), "vgg19": (2, 2, 4, 4, 4)}
 
 
-def _vgg(name: str, batch: int, res: int, seed: int) -> onnx.ModelProto:
+def vgg(name: str, batch: int, res: int, seed: int) -> onnx.ModelProto:
     g, x = _image_input(name, batch, res, seed)
     for width, n in zip((64, 128, 256, 512, 512), _VGG[name]):
         for _ in range(n):
             x = g.conv_act(x, width, 3, 1, 1)
         x = g.maxpool(x, 2, 2)
     return _adaptive_fc_head(g, x, 7, 4096)
-
-
-def vgg11(batch: int, res: int, seed: int) -> onnx.ModelProto:
-    return _vgg("vgg11", batch, res, seed)
-
-
-def vgg13(batch: int, res: int, seed: int) -> onnx.ModelProto:
-    return _vgg("vgg13", batch, res, seed)
-
-
-def vgg16(batch: int, res: int, seed: int) -> onnx.ModelProto:
-    return _vgg("vgg16", batch, res, seed)
-
-
-def vgg19(batch: int, res: int, seed: int) -> onnx.ModelProto:
-    return _vgg("vgg19", batch, res, seed)
 
 
 # ------------------------------------------------------------------------------ SqueezeNet
@@ -196,23 +180,7 @@ _DENSENET = {  # (growth, initial features, layers per block), torchvision's
     "densenet169": (32, 64, (6, 12, 32, 32)), "densenet201": (32, 64, (6, 12, 48, 32))}
 
 
-def densenet121(batch: int, res: int, seed: int) -> onnx.ModelProto:
-    return _densenet("densenet121", batch, res, seed)
-
-
-def densenet161(batch: int, res: int, seed: int) -> onnx.ModelProto:
-    return _densenet("densenet161", batch, res, seed)
-
-
-def densenet169(batch: int, res: int, seed: int) -> onnx.ModelProto:
-    return _densenet("densenet169", batch, res, seed)
-
-
-def densenet201(batch: int, res: int, seed: int) -> onnx.ModelProto:
-    return _densenet("densenet201", batch, res, seed)
-
-
-def _densenet(name: str, batch: int, res: int, seed: int) -> onnx.ModelProto:
+def densenet(name: str, batch: int, res: int, seed: int) -> onnx.ModelProto:
     """DenseNet (bn_size 4). The pre-activation BNs act on concatenated features, so with
     random weights they are dropped (not folded)."""
     g, x = _image_input(name, batch, res, seed)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 import onnx
@@ -32,10 +33,7 @@ from ..errors import SpecError
 from ._networks import (
     alexnet,
     bert_base,
-    densenet121,
-    densenet161,
-    densenet169,
-    densenet201,
+    densenet,
     efficientnet_b0,
     efficientnet_b4,
     googlenet,
@@ -50,10 +48,7 @@ from ._networks import (
     resnet152,
     shufflenet_v2_x1_0,
     squeezenet1_0,
-    vgg11,
-    vgg13,
-    vgg16,
-    vgg19,
+    vgg,
 )
 
 
@@ -69,10 +64,10 @@ ZOO: dict[str, ZooEntry] = {
     "resnet18": ZooEntry(resnet18, _IMG.format(224), 224),
     "resnet50": ZooEntry(resnet50, _IMG.format(224), 224),
     "mobilenet_v2": ZooEntry(mobilenet_v2, _IMG.format(224), 224),
-    "vgg16": ZooEntry(vgg16, _IMG.format(224), 224),
+    "vgg16": ZooEntry(partial(vgg, "vgg16"), _IMG.format(224), 224),
     "alexnet": ZooEntry(alexnet, _IMG.format(224), 224),
     "squeezenet1_0": ZooEntry(squeezenet1_0, _IMG.format(224), 224),
-    "densenet121": ZooEntry(densenet121, _IMG.format(224), 224),
+    "densenet121": ZooEntry(partial(densenet, "densenet121"), _IMG.format(224), 224),
     "inception_v3": ZooEntry(inception_v3, _IMG.format(299), 299),
     "googlenet": ZooEntry(googlenet, _IMG.format(224), 224),
     "mnasnet1_0": ZooEntry(mnasnet1_0, _IMG.format(224), 224),
@@ -81,12 +76,12 @@ ZOO: dict[str, ZooEntry] = {
     "resnet34": ZooEntry(resnet34, _IMG.format(224), 224),
     "resnet101": ZooEntry(resnet101, _IMG.format(224), 224),
     "resnet152": ZooEntry(resnet152, _IMG.format(224), 224),
-    "vgg11": ZooEntry(vgg11, _IMG.format(224), 224),
-    "vgg13": ZooEntry(vgg13, _IMG.format(224), 224),
-    "vgg19": ZooEntry(vgg19, _IMG.format(224), 224),
-    "densenet161": ZooEntry(densenet161, _IMG.format(224), 224),
-    "densenet169": ZooEntry(densenet169, _IMG.format(224), 224),
-    "densenet201": ZooEntry(densenet201, _IMG.format(224), 224),
+    "vgg11": ZooEntry(partial(vgg, "vgg11"), _IMG.format(224), 224),
+    "vgg13": ZooEntry(partial(vgg, "vgg13"), _IMG.format(224), 224),
+    "vgg19": ZooEntry(partial(vgg, "vgg19"), _IMG.format(224), 224),
+    "densenet161": ZooEntry(partial(densenet, "densenet161"), _IMG.format(224), 224),
+    "densenet169": ZooEntry(partial(densenet, "densenet169"), _IMG.format(224), 224),
+    "densenet201": ZooEntry(partial(densenet, "densenet201"), _IMG.format(224), 224),
     "shufflenet_v2_x1_0": ZooEntry(shufflenet_v2_x1_0, _IMG.format(224), 224),
     "efficientnet_b4": ZooEntry(efficientnet_b4, _IMG.format(380), 380),
     "mobilebert": ZooEntry(mobilebert, "[batch, 256, 512] (float32 hidden states)", 256),
