@@ -79,10 +79,14 @@ def _cluster(logs, key: str, servers: int):
 
 
 @pytest.fixture(scope="module")
-def tracker(tmp_path_factory):
-    """A tracker and one server with key KEY."""
-    for rpc, _ in _cluster(tmp_path_factory.mktemp("rpc"), KEY, 1):
-        yield rpc
+def one_device(tmp_path_factory):
+    """A tracker and one server with key KEY, and the server's log file."""
+    yield from _cluster(tmp_path_factory.mktemp("rpc"), KEY, 1)
+
+
+@pytest.fixture(scope="module")
+def tracker(one_device):
+    return one_device[0]
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +149,18 @@ def test_every_free_device_under_the_key_measures(tmp_path, two_devices):
     assert len(recs) == 16 and all(r.ok for r in recs)
     loads = [log.read_text(errors="replace").count("load_module") for log in logs]
     assert all(n > 0 for n in loads), f"modules loaded per server: {loads}"
+
+
+def test_a_model_tuned_through_the_tracker_is_timed_on_the_device(tmp_path, one_device):
+    """`tune --model` with an RPC device times the compiled model there (and the untuned build):
+    the server loads the model's library; ONNX Runtime still runs here."""
+    from test_model import tiny_net
+
+    from stormdrop.model_tune import tune_model
+
+    rpc, (log,) = one_device
+    result = tune_model(tiny_net(str(tmp_path / "tiny.onnx")), trials=6, trials_per_task=2, db=tmp_path / "m.db",
+                        seed=0, measure=MeasureConfig(rpc=rpc))
+    assert result.latency_s["tuned"] > 0 and result.latency_s["untuned"] > 0
+    assert result.max_abs_error < 1e-3
+    assert log.read_text(errors="replace").count("load_module model_") >= 2  # untuned and tuned builds

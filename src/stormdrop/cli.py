@@ -118,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-fast-math", dest="fast_math", action="store_false")
     b.add_argument("--winograd", default="auto", choices=["auto", "off", "2", "4"])
     b.add_argument("--combine-matmuls", action="store_true")
+    b.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT", help="run TVM's builds on a device of this tracker")
+    b.add_argument("--rpc-key", default=None)
     b.add_argument("--input-shape", action="append", default=None, metavar="NAME:1x3x224x224")
     b.add_argument("--batch", type=_positive(int), default=1)
     b.add_argument("--resolution", type=_positive(int), default=None)
@@ -194,15 +196,18 @@ def _raindrop_config(args: argparse.Namespace):
 def _measure_config(args: argparse.Namespace):
     from .measure import MeasureConfig
 
-    rpc = None
-    if args.rpc_tracker or args.rpc_key:
-        host, _, port = (args.rpc_tracker or "").rpartition(":")
-        if not host or not port.isdigit() or not args.rpc_key:
-            raise SpecError("--rpc-tracker HOST:PORT and --rpc-key KEY go together")
-        rpc = {"host": host, "port": int(port), "key": args.rpc_key}
     return MeasureConfig(repeat=max(1, args.repeat), min_repeat_ms=args.min_repeat_ms,
                          cache_flush=args.cache_flush, build_timeout_s=args.build_timeout,
-                         run_timeout_s=args.run_timeout, rpc=rpc, rpc_devices=args.rpc_devices)
+                         run_timeout_s=args.run_timeout, rpc=_rpc(args), rpc_devices=args.rpc_devices)
+
+
+def _rpc(args: argparse.Namespace) -> dict | None:
+    if not (args.rpc_tracker or args.rpc_key):
+        return None
+    host, _, port = (args.rpc_tracker or "").rpartition(":")
+    if not host or not port.isdigit() or not args.rpc_key:
+        raise SpecError("--rpc-tracker HOST:PORT and --rpc-key KEY go together")
+    return {"host": host, "port": int(port), "key": args.rpc_key}
 
 
 def _cmd_tune_model(args: argparse.Namespace) -> int:
@@ -251,7 +256,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     with _open_db(args.db) as db:
         result = bench_model(model, db=db, target=target, seed=args.seed, layout=args.layout,
                              fast_math=args.fast_math, winograd=args.winograd,
-                             combine_matmuls=args.combine_matmuls)
+                             combine_matmuls=args.combine_matmuls, rpc=_rpc(args))
     print(format_bench(result))
     if args.json:
         with open(args.json, "w") as f:

@@ -101,23 +101,27 @@ def task_times_in_model(ex: Any, inputs: dict, target: Target, rows: list[TaskRo
 
 def bench_model(spec: Any, *, db: Database, target: Any = None, seed: int = 0, layout: str = "auto",
                 fast_math: bool = True, winograd: str = "auto", combine_matmuls: bool = False,
-                **load_kw: Any) -> BenchResult:
-    """Measure ``spec`` untuned, tuned from ``db``, in ONNX Runtime and in PyTorch when available."""
+                rpc: dict | None = None, **load_kw: Any) -> BenchResult:
+    """Measure ``spec`` untuned, tuned from ``db``, in ONNX Runtime and in PyTorch when available.
+
+    ``rpc``: untuned and tuned TVM run on that RPC device (ONNX Runtime and PyTorch run here, and
+    the per-kernel times inside the model are left out: the VM instrument runs only here)."""
     tgt = parse_target(target)
     model = spec if isinstance(spec, Model) else load_model(spec, seed=seed, **load_kw)
     result = BenchResult(canonical(tgt), model.name)
     ex, result.tasks = tuned_build(model, db, tgt, layout, fast_math, winograd, combine_matmuls)
     inputs = random_inputs(model, seed)
     threads = num_cores(tgt)
-    untuned_outs, result.latency_s["untuned"] = run_model(tvm.compile(model.mod, target=tgt), inputs, tgt)
-    outs, _ = run_model(ex, inputs, tgt, time_it=False)
-    timers = {"tuned": model_timer(ex, inputs, tgt)}
+    untuned_outs, result.latency_s["untuned"] = run_model(tvm.compile(model.mod, target=tgt), inputs, tgt, rpc=rpc)
+    outs, _ = run_model(ex, inputs, tgt, time_it=False, rpc=rpc)
+    timers = {"tuned": model_timer(ex, inputs, tgt, rpc)}
     ref = untuned_outs
     result.latency_s["onnxruntime"] = result.latency_s["pytorch"] = None
     if model.onnx_model is not None:
         ref, timers["onnxruntime"] = onnxruntime_timer(model.onnx_model, inputs, threads)
     result.latency_s.update(interleaved(timers))
-    task_times_in_model(ex, inputs, tgt, result.tasks)
+    if rpc is None:
+        task_times_in_model(ex, inputs, tgt, result.tasks)
     if model.torch_program is not None:
         try:
             _, result.latency_s["pytorch"] = run_pytorch(model.torch_program, inputs, threads)

@@ -9,6 +9,7 @@ own intra-op thread settings.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -78,37 +79,66 @@ def compile_model(fused: tvm.IRModule, mdb: Any, target: Target) -> Any:
     return tvm.compile(apply_records(fused, mdb, target), target=target)
 
 
-def _vm(ex: Any, inputs: dict[str, np.ndarray], target: Target) -> tuple[Any, Any, list]:
-    _tvm.runtime_threads_env(num_cores(target))
-    dev = tvm.cuda(0) if target.kind.name == "cuda" else tvm.cpu(0)
+_SESSIONS: dict[tuple, Any] = {}  # one RPC session per device key, kept for the process's model runs
+
+
+def _remote(rpc: dict) -> Any:
+    key = (rpc["host"], int(rpc["port"]), rpc["key"])
+    if key not in _SESSIONS:
+        from tvm import rpc as tvm_rpc
+
+        tracker = tvm_rpc.connect_tracker(rpc["host"], int(rpc["port"]))
+        _SESSIONS[key] = tracker.request(rpc["key"], priority=1, session_timeout=int(rpc.get("session_timeout", 600)))
+    return _SESSIONS[key]
+
+
+def _vm(ex: Any, inputs: dict[str, np.ndarray], target: Target, rpc: dict | None = None) -> tuple[Any, Any, list]:
+    """A Relax VM of the compiled model with its inputs: here, or on the RPC device ``rpc``."""
+    kind = "cuda" if target.kind.name == "cuda" else "cpu"
+    if rpc:
+        import os
+        import tempfile
+
+        session = _remote(rpc)
+        with tempfile.TemporaryDirectory(prefix="stormdrop-model-") as tmp:
+            path = os.path.join(tmp, f"model_{os.getpid()}_{id(ex)}.so")
+            ex.export_library(path)
+            session.upload(path)
+            ex = session.load_module(os.path.basename(path))
+        dev = session.device(kind)
+    else:
+        _tvm.runtime_threads_env(num_cores(target))
+        dev = tvm.cuda(0) if kind == "cuda" else tvm.cpu(0)
     return relax.VirtualMachine(ex, dev), dev, [tvm.runtime.tensor(v, dev) for v in inputs.values()]
 
 
-def _timer(vm: Any, dev: Any, args: list) -> Callable[[], float]:
+def _timer(vm: Any, dev: Any, args: list, remote: bool = False) -> Callable[[], float]:
     vm.set_input("main", *args)
     timer = vm.time_evaluator("invoke_stateful", dev, number=1, repeat=5, min_repeat_ms=100)
 
     def sample() -> float:
-        with timing():
+        with timing() if not remote else contextlib.nullcontext():  # a remote device is not this machine's
             return float(np.median(timer("main").results))
 
     return sample
 
 
-def model_timer(ex: Any, inputs: dict[str, np.ndarray], target: Target) -> Callable[[], float]:
+def model_timer(ex: Any, inputs: dict[str, np.ndarray], target: Target, rpc: dict | None = None
+                ) -> Callable[[], float]:
     """A function returning one latency sample (s) of the compiled model: the median of
-    5 means of >= 100 ms of back-to-back runs on the Relax VM."""
-    return _timer(*_vm(ex, inputs, target))
+    5 means of >= 100 ms of back-to-back runs on the Relax VM (on the RPC device ``rpc``)."""
+    return _timer(*_vm(ex, inputs, target, rpc), remote=bool(rpc))
 
 
-def run_model(ex: Any, inputs: dict[str, np.ndarray], target: Target, *, time_it: bool = True
-              ) -> tuple[list[np.ndarray], float | None]:
-    """Outputs of the compiled model, and its median latency (s) when ``time_it``."""
-    vm, dev, args = _vm(ex, inputs, target)
+def run_model(ex: Any, inputs: dict[str, np.ndarray], target: Target, *, time_it: bool = True,
+              rpc: dict | None = None) -> tuple[list[np.ndarray], float | None]:
+    """Outputs of the compiled model, and its median latency (s) when ``time_it`` (here, or on the
+    RPC device ``rpc``)."""
+    vm, dev, args = _vm(ex, inputs, target, rpc)
     out = vm["main"](*args)
     outs = [o.numpy() for o in out] if isinstance(out, (list, tuple)) or type(out).__name__ == "Array" else [
         out.numpy()]
-    return outs, (_timer(vm, dev, args)() if time_it else None)
+    return outs, (_timer(vm, dev, args, remote=bool(rpc))() if time_it else None)
 
 
 def kernel_times(ex: Any, inputs: dict[str, np.ndarray], target: Target, runs: int = 20) -> dict[str, float]:

@@ -217,7 +217,8 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
                 s.result.weight = weight
             result = ModelResult(canonical(tgt), model.name, time.monotonic() - start,
                                  [s.result for s in sessions], stopped_by=stopped_by)
-            _compile_and_verify(result, model, fused, sessions, tgt, output, seed)
+            _compile_and_verify(result, model, fused, sessions, tgt, output, seed,
+                                rpc=measure.rpc if measure is not None else None)
             database.note_model(model.name, {**note, "tuning_s": result.tuning_s, "latency_s": result.latency_s,
                                              "stopped_by": stopped_by})
     finally:
@@ -272,15 +273,18 @@ def _ms_database(sessions: list[TaskSession], target: Target) -> ms.database.Mem
 
 
 def _compile_and_verify(result: ModelResult, model: Model, fused: tvm.IRModule, sessions: list[TaskSession],
-                        target: Target, output: str | None, seed: int) -> None:
+                        target: Target, output: str | None, seed: int, rpc: dict | None = None) -> None:
+    """Compile with every task's best record, run and time it (on the RPC device when tuning was
+    remote: untuned and tuned builds both; ONNX Runtime runs here), and check its outputs."""
     untuned = [s.kernel.name for s in sessions if not s.result.trace_json]
     if untuned:
         log.warning("%d task(s) have no valid schedule and run with TVM's default: %s", len(untuned),
                     ", ".join(untuned))
     inputs = random_inputs(model, seed)
-    untuned_outs, result.latency_s["untuned"] = run_model(tvm.compile(model.mod, target=target), inputs, target)
+    untuned_outs, result.latency_s["untuned"] = run_model(tvm.compile(model.mod, target=target), inputs, target,
+                                                          rpc=rpc)
     ex = compile_model(fused, _ms_database(sessions, target), target)
-    outs, result.latency_s["tuned"] = run_model(ex, inputs, target)
+    outs, result.latency_s["tuned"] = run_model(ex, inputs, target, rpc=rpc)
     if model.onnx_model is not None:
         ref, result.latency_s["onnxruntime"] = run_onnxruntime(model.onnx_model, inputs, num_cores(target))
     else:
