@@ -135,13 +135,23 @@ class _RunnerState:
         self.dev = self.session.device(self.kind)
         self.opened = time.monotonic()
 
-    def _reconnect(self, why: str) -> None:
-        self.session = None
-        try:
-            self._connect()
-        except Exception as err:  # noqa: BLE001
-            raise DeviceLost(f"RPC device {self.rpc['key']} lost ({why}); cannot re-open a session: "
-                             f"{type(err).__name__}: {err}") from None
+    def _reconnect(self, why: str, waits: tuple[float, ...] = (0.0, 1.0, 2.0, 4.0, 8.0)) -> None:
+        """A new session, trying a few times with growing waits (about 15 s in all); ``DeviceLost``
+        if the tracker or every device under the key stays unreachable."""
+        import socket
+        import time
+
+        self.session, last = None, ""
+        for wait in waits:
+            time.sleep(wait)
+            try:  # knock first: TVM's own connect retries silently for a minute
+                socket.create_connection((self.rpc["host"], int(self.rpc["port"])), timeout=5).close()
+                self._connect()
+                return
+            except Exception as err:  # noqa: BLE001
+                last = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[-1]}"
+        raise DeviceLost(f"RPC device {self.rpc['key']} lost ({why}); no new session after "
+                         f"{len(waits)} tries: {last}")
 
     def _on_device(self, request: Any, *args: Any) -> Any:
         """``request(*args)`` on a live session: renewed when due, re-opened and retried once after an error."""

@@ -256,6 +256,8 @@ class Gateway:
         # a local device is shared with every other stormdrop process on this machine: one timing at a time
         with timing() if cfg.rpc is None else contextlib.nullcontext():
             status, value = runner.worker.call("run", self._run_payload(key, built), timeout=cfg.run_timeout_s)
+        if status == "lost":  # no device left to time on: stop here, everything measured is committed
+            raise MeasureError(one_line(value))
         return self._result(status, value, built)
 
     def _run_parallel(self, key: str, built: list, results: list,
@@ -281,6 +283,14 @@ class Gateway:
                     busy.pop(cid)
                     done.append((runner, job, "timeout", f"no answer within {timeout:.0f} s"))
             for runner, job, status, value in done:
+                if status == "lost":  # that device is gone: its candidate goes to the others
+                    self._runners.remove(runner)
+                    runner.worker.kill()
+                    pending.insert(0, job)
+                    log.warning("%s; %d device(s) left", one_line(value), len(self._runners))
+                    if not self._runners:
+                        raise MeasureError(one_line(value))
+                    continue
                 results[job] = self._result(status, value, built[job])
                 idle.append(runner)
                 if on_result is not None:
@@ -293,7 +303,7 @@ class Gateway:
             pass
         if status == "timeout":
             return MeasureResult.failure(ErrorKind.RUN_TIMEOUT, str(value))
-        if status in ("crash", "lost"):  # the timing process died, or the RPC device is gone
+        if status == "crash":  # the timing process died
             return MeasureResult.failure(ErrorKind.RUNNER_CRASH, str(value))
         if status != "ok":
             return MeasureResult.failure(ErrorKind.RUN_ERROR, str(value))

@@ -27,7 +27,7 @@ class ErrorKind(str, Enum):
     BUILD_TIMEOUT = "build_timeout"
     RUN_ERROR = "run_error"
     RUN_TIMEOUT = "run_timeout"
-    RUNNER_CRASH = "runner_crash"  # the timing process died (a crashing kernel, the machine) or the RPC device is gone
+    RUNNER_CRASH = "runner_crash"  # the timing process died (a crashing kernel, the machine)
     WRONG_RESULT = "wrong_result"  # ran, but its output differs from the reference
 
     @property
