@@ -138,14 +138,23 @@ class _RunnerState:
     def _reconnect(self, why: str, waits: tuple[float, ...] = (0.0, 1.0, 2.0, 4.0, 8.0)) -> None:
         """A new session, trying a few times with growing waits (about 15 s in all); ``DeviceLost``
         if the tracker or every device under the key stays unreachable."""
+        import gc
         import socket
         import time
 
-        self.session, last = None, ""
+        from tvm import rpc as tvm_rpc
+
+        self.session = self.dev = None  # the old session closes, its device goes back to the tracker
+        gc.collect()
+        last = ""
         for wait in waits:
             time.sleep(wait)
             try:  # knock first: TVM's own connect retries silently for a minute
                 socket.create_connection((self.rpc["host"], int(self.rpc["port"])), timeout=5).close()
+                # a request for a busy key waits until a device is free: ask only when one is
+                queue = tvm_rpc.connect_tracker(self.rpc["host"], int(self.rpc["port"])).summary()["queue_info"]
+                if queue.get(self.rpc["key"], {}).get("free", 0) < 1:
+                    raise RuntimeError(f"no free device under key {self.rpc['key']}")
                 self._connect()
                 return
             except Exception as err:  # noqa: BLE001
