@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench_kernels import pin_threads
 
     from stormdrop.database import Database
+    from stormdrop.lowering import Lowering
     from stormdrop.model_bench import tuned_build
     from stormdrop.model_run import (
         max_abs_diff,
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                 entry["layouts"][layout] = {"db": db, "tuning_s": None}
                 continue
             t0 = time.monotonic()
-            tune_model(model, target=target, trials=args.trials, db=db, seed=args.seed, layout=layout)
+            tune_model(model, target=target, trials=args.trials, db=db, seed=args.seed, lowering=Lowering(layout))
             entry["layouts"][layout] = {"db": db, "tuning_s": time.monotonic() - t0}
             print(f"  {name} {layout}: tuned in {entry['layouts'][layout]['tuning_s']:.0f} s", flush=True)
         inputs = random_inputs(model, args.seed)  # phase 2: time everything here, one after the other
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         for layout in layouts:
             cell = entry["layouts"][layout]
             with Database(cell["db"]) as db:
-                ex, rows = tuned_build(model, db, target, layout)
+                ex, rows = tuned_build(model, db, target, Lowering(layout))
             outs, lat = run_model(ex, inputs, target)
             err, scale = max_abs_diff(outs, ref)
             cell.update(latency_s=lat if err <= 1e-3 * scale else None, max_abs_diff=err, tasks=len(rows),

@@ -63,6 +63,7 @@ def run_ms(model, target, trials: int, seed: int, batch: int, layout: str, winog
     from _peers import quiet_meta_schedule
 
     from stormdrop._tvm import load_tensor_intrinsics
+    from stormdrop.lowering import Lowering
     from stormdrop.model_run import compile_model
     from stormdrop.model_tune import extract_tasks
 
@@ -72,7 +73,7 @@ def run_ms(model, target, trials: int, seed: int, batch: int, layout: str, winog
         t0 = time.monotonic()
         # The same fused module and compile path as stormdrop's (tune_relax on the raw imported
         # module finds no task: it expects legalized, fused primitive functions).
-        fused, _ = extract_tasks(model, target, layout, winograd=winograd)
+        fused, _ = extract_tasks(model, target, Lowering(layout, winograd=winograd))
         db = ms.relax_integration.tune_relax(fused, {}, target, work_dir, trials, num_trials_per_iter=batch,
                                              builder=builder, seed=seed)
         tuning_s = time.monotonic() - t0
@@ -84,6 +85,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
     from _peers import short
 
     from stormdrop.database import Database
+    from stormdrop.lowering import Lowering
     from stormdrop.model_bench import task_times_in_model, tuned_build
     from stormdrop.model_run import (
         interleaved,
@@ -97,6 +99,8 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
     from stormdrop.model_tune import tune_model
     from stormdrop.workloads.models import load_model
     from stormdrop.workloads.zoo import SEQUENCE_MODELS
+
+    lowering = Lowering(args.layout, winograd=args.winograd)
 
     size = ("seq_len", args.seq_len) if name in SEQUENCE_MODELS else ("resolution", args.resolution)
     kw = {size[0]: size[1]} if size[1] else {}
@@ -114,11 +118,10 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
         try:
             r = tune_model(model, target=target, trials=None if args.time_budget else args.trials,
                            trials_per_task=args.trials_per_task, time_budget=args.time_budget,
-                           db=db_path, seed=args.seed, layout=args.layout,
-                           winograd=args.winograd)
+                           db=db_path, seed=args.seed, lowering=lowering)
             tuning_s = time.monotonic() - t0
             with Database(db_path) as db:
-                ex, rows = tuned_build(model, db, target, args.layout, winograd=args.winograd)
+                ex, rows = tuned_build(model, db, target, lowering)
             task_times_in_model(ex, inputs, target, rows)
             in_model = {row.name: row.in_model_s for row in rows}
             timers["stormdrop"] = model_timer(ex, inputs, target)

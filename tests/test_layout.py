@@ -17,6 +17,7 @@ import tvm.s_tir.meta_schedule as ms
 from stormdrop import fastmath
 from stormdrop.errors import SpecError
 from stormdrop.layout import channel_block, weight_transforms
+from stormdrop.lowering import Lowering
 from stormdrop.model_run import (
     apply_records,
     max_abs_diff,
@@ -44,7 +45,7 @@ def _model(name: str):
 def _compiled_untuned(name: str, layout: str, fast_math: bool = True, winograd: str = "auto",
                       combine_matmuls: bool = False):
     model = _model(name)
-    fused, tasks = extract_tasks(model, TARGET, layout, fast_math, winograd, combine_matmuls)
+    fused, tasks = extract_tasks(model, TARGET, Lowering(layout, fast_math, winograd, combine_matmuls))
     mod = apply_records(fused, ms.database.MemoryDatabase(), TARGET)
     inputs = random_inputs(model, 0)
     outs, _ = run_model(tvm.compile(mod, target=TARGET), inputs, TARGET, time_it=False)
@@ -114,7 +115,7 @@ def test_winograd_tasks_count_a_direct_convolutions_flops():
     model = _model("resnet18")
 
     def conv_flops(winograd):
-        _, tasks = extract_tasks(model, TARGET, winograd=winograd)
+        _, tasks = extract_tasks(model, TARGET, Lowering(winograd=winograd))
         return sum(k.flops * w for k, w in tasks if "conv2d" in k.name), [k.name for k, _ in tasks]
 
     direct, _ = conv_flops("off")
@@ -125,7 +126,7 @@ def test_winograd_tasks_count_a_direct_convolutions_flops():
 
 def test_unknown_winograd_mode_is_a_spec_error():
     with pytest.raises(SpecError, match="--winograd"):
-        extract_tasks(_model("resnet18"), TARGET, "auto", True, "8")
+        extract_tasks(_model("resnet18"), TARGET, Lowering("auto", True, "8"))
 
 
 def test_nchw_layout_keeps_the_model_as_it_is():
@@ -154,7 +155,7 @@ def test_weight_transform_counter_sees_a_transform_on_constants():
 
 def test_unknown_layout_is_a_spec_error():
     with pytest.raises(SpecError, match="--layout"):
-        extract_tasks(_model("resnet18"), TARGET, "nc4hw")
+        extract_tasks(_model("resnet18"), TARGET, Lowering("nc4hw"))
 
 
 def test_fast_math_encoder_matches_onnxruntime():
@@ -183,7 +184,7 @@ def test_combined_qkv_projections_are_one_gemm_and_match_onnxruntime():
     def widths(tasks):
         return {shape[-1] for k, _ in tasks for _, shape, _ in kernel_args(k.mod) if shape}
 
-    assert 3 * 768 in widths(extract_tasks(model, TARGET, combine_matmuls=True)[1])  # Q, K and V at once
+    assert 3 * 768 in widths(extract_tasks(model, TARGET, Lowering(combine_matmuls=True))[1])  # Q, K and V at once
     assert 3 * 768 not in widths(extract_tasks(model, TARGET)[1])  # off by default
     _, _, rel_err = _compiled_untuned("bert_base", "auto", combine_matmuls=True)
     assert rel_err < 1e-4

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "open_database", "parse_kernel", "tune_kernel", "tune_model"]
+__all__ = ["Lowering", "__version__", "open_database", "parse_kernel", "tune_kernel", "tune_model"]
 
 
 def __getattr__(name: str):  # lazy: `import stormdrop` stays cheap (no TVM import)
@@ -25,6 +25,10 @@ def __getattr__(name: str):  # lazy: `import stormdrop` stays cheap (no TVM impo
         from .workloads import parse_kernel
 
         return parse_kernel
+    if name == "Lowering":
+        from .lowering import Lowering
+
+        return Lowering
     if name == "open_database":
         from .database import Database
 

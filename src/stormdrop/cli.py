@@ -201,6 +201,13 @@ def _measure_config(args: argparse.Namespace):
                          run_timeout_s=args.run_timeout, rpc=_rpc(args), rpc_devices=args.rpc_devices)
 
 
+def _lowering(args: argparse.Namespace):
+    from .lowering import Lowering
+
+    return Lowering(layout=args.layout, fast_math=args.fast_math, winograd=args.winograd,
+                    combine_matmuls=args.combine_matmuls)
+
+
 def _rpc(args: argparse.Namespace) -> dict | None:
     if not (args.rpc_tracker or args.rpc_key):
         return None
@@ -229,9 +236,7 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
                         trials_per_task=max(2, args.trials_per_task), time_budget=args.time_budget, db=args.db,
                         seed=args.seed, pvalue=args.pvalue, output=args.output, measure=_measure_config(args),
                         storm=StormConfig(batch_size=max(1, args.batch_size), prior=args.prior),
-                        reuse=max(0, args.reuse), layout=args.layout, fast_math=args.fast_math,
-                        winograd=args.winograd, combine_matmuls=args.combine_matmuls,
-                        raindrop=raindrop, progress=not args.no_progress, phases=phases,
+                        reuse=max(0, args.reuse), lowering=_lowering(args), raindrop=raindrop, progress=not args.no_progress, phases=phases,
                         reuse_from=args.reuse_from)
     print(task_table(result.tasks))
     lat = result.latency_s
@@ -254,9 +259,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     model = load_model(args.model, input_shapes=parse_input_shapes(args.input_shape), batch=args.batch,
                        resolution=args.resolution, seq_len=args.seq_len, seed=args.seed)
     with _open_db(args.db) as db:
-        result = bench_model(model, db=db, target=target, seed=args.seed, layout=args.layout,
-                             fast_math=args.fast_math, winograd=args.winograd,
-                             combine_matmuls=args.combine_matmuls, rpc=_rpc(args))
+        result = bench_model(model, db=db, target=target, seed=args.seed, lowering=_lowering(args), rpc=_rpc(args))
     print(format_bench(result))
     if args.json:
         with open(args.json, "w") as f:

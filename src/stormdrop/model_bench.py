@@ -19,6 +19,7 @@ from tvm.target import Target
 
 from .database import Database
 from .errors import TuningError
+from .lowering import Lowering
 from .model_run import (
     commit_best,
     compile_model,
@@ -70,11 +71,12 @@ class BenchResult:
                 "max_abs_error": self.max_abs_error, "tasks": [t.to_json() for t in self.tasks]}
 
 
-def tuned_build(model: Model, db: Database, target: Target, layout: str = "auto", fast_math: bool = True,
-                winograd: str = "auto", combine_matmuls: bool = False) -> tuple[Any, list[TaskRow]]:
-    """The model compiled with the best stored record of every task, and one row per task."""
+def tuned_build(model: Model, db: Database, target: Target, lowering: Lowering | None = None
+                ) -> tuple[Any, list[TaskRow]]:
+    """The model compiled with the best stored record of every task, and one row per task
+    (``lowering``: as the model was tuned)."""
     key = canonical(target)
-    fused, tasks = extract_tasks(model, target, layout, fast_math, winograd, combine_matmuls)
+    fused, tasks = extract_tasks(model, target, lowering)
     mdb = ms.database.MemoryDatabase()
     rows = []
     for kernel, weight in tasks:
@@ -99,8 +101,7 @@ def task_times_in_model(ex: Any, inputs: dict, target: Target, rows: list[TaskRo
         r.in_model_s = times.get(r.name)
 
 
-def bench_model(spec: Any, *, db: Database, target: Any = None, seed: int = 0, layout: str = "auto",
-                fast_math: bool = True, winograd: str = "auto", combine_matmuls: bool = False,
+def bench_model(spec: Any, *, db: Database, target: Any = None, seed: int = 0, lowering: Lowering | None = None,
                 rpc: dict | None = None, **load_kw: Any) -> BenchResult:
     """Measure ``spec`` untuned, tuned from ``db``, in ONNX Runtime and in PyTorch when available.
 
@@ -109,7 +110,7 @@ def bench_model(spec: Any, *, db: Database, target: Any = None, seed: int = 0, l
     tgt = parse_target(target)
     model = spec if isinstance(spec, Model) else load_model(spec, seed=seed, **load_kw)
     result = BenchResult(canonical(tgt), model.name)
-    ex, result.tasks = tuned_build(model, db, tgt, layout, fast_math, winograd, combine_matmuls)
+    ex, result.tasks = tuned_build(model, db, tgt, lowering)
     inputs = random_inputs(model, seed)
     threads = num_cores(tgt)
     untuned_outs, result.latency_s["untuned"] = run_model(tvm.compile(model.mod, target=tgt), inputs, tgt, rpc=rpc)

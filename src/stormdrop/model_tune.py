@@ -19,15 +19,13 @@ from typing import Any
 
 import tvm
 import tvm.s_tir.meta_schedule as ms
-from tvm import relax
 from tvm.target import Target
 
-from . import _tvm, fastmath
+from . import _tvm
 from .database import Database, default_db_path
 from .display import ModelDisplay, TaskLine, eta_s
-from .errors import SpecError, TuningError
-from .layout import LAYOUTS, convert_layout
-from .layout import legalizations as layout_legalizations
+from .errors import TuningError
+from .lowering import Lowering
 from .measure import Gateway, MeasureConfig
 from .model_run import (
     commit_best,
@@ -45,9 +43,7 @@ from .scheduler import GradientScheduler, TaskState
 from .storm import StormConfig
 from .target import canonical, parse_target
 from .tune import PHASES, TaskResult, TaskSession, TaskTuner, open_donors, verify_best
-from .winograd import MODES as WINOGRAD_MODES
 from .winograd import direct_flops as winograd_direct_flops
-from .winograd import legalization as winograd_legalization
 from .workloads import Kernel
 from .workloads.models import Model, load_model
 
@@ -85,40 +81,11 @@ def op_class(mod: tvm.IRModule, task_name: str = "") -> str:
         return re.sub(r"\d+", "", task_name.removeprefix("fused_")) or task_name
 
 
-def extract_tasks(model: Model, target: Target, layout: str = "auto", fast_math: bool = True,
-                  winograd: str = "auto", combine_matmuls: bool = False
+def extract_tasks(model: Model, target: Target, lowering: Lowering | None = None
                   ) -> tuple[tvm.IRModule, list[tuple[Kernel, int]]]:
-    """The fused module and its tuning tasks: (kernel, weight), identical workloads merged.
-
-    ``layout``: the convolutions' layout, ``auto`` (NHWC on CPUs), ``nhwc``, ``blocked``
-    (``NCHW{b}c``) or ``nchw`` (the model's own); see ``layout.convert_layout``.
-    ``fast_math``: vectorizable erf/exp/tanh/sigmoid/softmax on CPUs (``fastmath``).
-    ``winograd``: 3x3 stride-1 NHWC convolutions as Winograd F(m x m, 3 x 3) on CPUs:
-    ``auto`` (where ``winograd.choose_tile`` expects a gain), ``off``, ``2`` or ``4`` (all).
-    ``combine_matmuls``: matmuls of one input by constant weights (a transformer's Q, K and
-    V projections) merged into one GEMM and a split. Off by default: not yet measured to
-    pay (in BERT-base at seq 128 the three 768-wide projections already ran at the
-    2304-wide FFN GEMMs' speed after 1200 s; the split is one more kernel).
-    """
-    if layout not in LAYOUTS:
-        raise SpecError(f"--layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
-    if winograd not in WINOGRAD_MODES:
-        raise SpecError(f"--winograd: expected one of {', '.join(WINOGRAD_MODES)}, got {winograd!r}")
-    _tvm.load_tensor_intrinsics(target)
-    with target:
-        mod = relax.transform.CanonicalizeBindings()(model.mod)
-        if combine_matmuls:  # Q, K and V projections (matmuls sharing their input) as one GEMM
-            mod = _tvm.combine_parallel_matmuls(mod)
-        mod = relax.transform.Normalize()(convert_layout(mod, target, layout))
-        rules = dict(layout_legalizations())
-        if fast_math and target.kind.name == "llvm":
-            rules.update(fastmath.legalizations())
-        if winograd != "off" and target.kind.name == "llvm":
-            rules["relax.nn.conv2d"] = winograd_legalization(winograd, rules["relax.nn.conv2d"])
-        mod = relax.transform.LegalizeOps(rules)(mod)
-        fused = relax.get_pipeline("zero")(mod)
-        if prepack_weights(target):  # weights and constants become layout-free buffers of the kernels
-            fused = relax.transform.AttachAttrLayoutFreeBuffers()(fused)
+    """The fused module (``Lowering.lower``) and its tuning tasks: (kernel, weight), identical
+    workloads merged."""
+    fused = (lowering or Lowering()).lower(model.mod, target, prepack_weights(target))
     tasks = ms.relax_integration.extract_tasks(fused, target)
     out = []
     for t in tasks:
@@ -141,22 +108,23 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
                output: str | None = None, measure: MeasureConfig | None = None,
                storm: StormConfig | None = None, input_shapes: dict | None = None, batch: int = 1,
                resolution: int | None = None, seq_len: int | None = None, reuse: int = 8,
-               layout: str = "auto", fast_math: bool = True, winograd: str = "auto",
-               combine_matmuls: bool = False, raindrop: RaindropConfig | None = None,
+               lowering: Lowering | None = None, raindrop: RaindropConfig | None = None,
                progress: bool = False, phases: Sequence[Phase] = PHASES,
                reuse_from: Sequence[str] = ()) -> ModelResult:
     """Tune every task of a model under a global trial and time budget, then compile and verify.
 
     ``trials=None``: no global cap; the time budget and ``trials_per_task`` end the tuning.
     ``raindrop`` (default: ``RaindropConfig(pvalue=pvalue)``) configures every task's raindrop.
-    ``phases`` and ``reuse_from``: as in ``tune_kernel``, for every task.
+    ``phases`` and ``reuse_from``: as in ``tune_kernel``, for every task. ``lowering``: how the
+    model is lowered before its kernels are extracted (``Lowering``; default: NHWC on CPUs, fast
+    math, Winograd where it pays).
     """
     start = time.monotonic()
     tgt = parse_target(target)
     model = spec if isinstance(spec, Model) else load_model(
         spec, input_shapes=input_shapes, batch=batch, resolution=resolution, seq_len=seq_len, seed=seed)
     deadline = start + time_budget if time_budget else float("inf")
-    fused, tasks = extract_tasks(model, tgt, layout, fast_math, winograd, combine_matmuls)
+    fused, tasks = extract_tasks(model, tgt, lowering)
     storm_per_task = max(1, trials_per_task // 2)
     own_db = not isinstance(db, Database)
     donor_dbs = open_donors(reuse_from)

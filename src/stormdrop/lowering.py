@@ -1,0 +1,66 @@
+"""How a model is lowered before its kernels are tuned: layout, fast math, Winograd, merged matmuls.
+
+One value (``Lowering``) travels from the command line to task extraction, tuning, compiling
+and benchmarking, so that a model is always compiled the way its tasks were tuned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm import relax
+from tvm.target import Target
+
+from . import _tvm, fastmath
+from .errors import SpecError
+from .layout import LAYOUTS, convert_layout
+from .layout import legalizations as layout_legalizations
+from .winograd import MODES as WINOGRAD_MODES
+from .winograd import legalization as winograd_legalization
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """``layout``: the convolutions' layout, ``auto`` (NHWC on CPUs), ``nhwc``, ``blocked``
+    (``NCHW{b}c``) or ``nchw`` (the model's own); see ``layout.convert_layout``.
+    ``fast_math``: vectorizable erf/exp/tanh/sigmoid/softmax on CPUs (``fastmath``).
+    ``winograd``: 3x3 stride-1 NHWC convolutions as Winograd F(m x m, 3 x 3) on CPUs:
+    ``auto`` (where ``winograd.choose_tile`` expects a gain), ``off``, ``2`` or ``4`` (all).
+    ``combine_matmuls``: matmuls of one input by constant weights (a transformer's Q, K and
+    V projections) merged into one GEMM and a split. Off by default: not yet measured to
+    pay (in BERT-base at seq 128 the three 768-wide projections already ran at the
+    2304-wide FFN GEMMs' speed after 1200 s; the split is one more kernel).
+    """
+
+    layout: str = "auto"
+    fast_math: bool = True
+    winograd: str = "auto"
+    combine_matmuls: bool = False
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise SpecError(f"--layout: expected one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+        if self.winograd not in WINOGRAD_MODES:
+            raise SpecError(f"--winograd: expected one of {', '.join(WINOGRAD_MODES)}, got {self.winograd!r}")
+
+    def lower(self, mod: tvm.IRModule, target: Target, prepack_weights: bool) -> tvm.IRModule:
+        """The model's Relax module, legalized and fused into kernels for ``target``.
+        ``prepack_weights``: weights and constants become layout-free buffers of the kernels."""
+        _tvm.load_tensor_intrinsics(target)
+        cpu = target.kind.name == "llvm"
+        with target:
+            mod = relax.transform.CanonicalizeBindings()(mod)
+            if self.combine_matmuls:  # Q, K and V projections (matmuls sharing their input) as one GEMM
+                mod = _tvm.combine_parallel_matmuls(mod)
+            mod = relax.transform.Normalize()(convert_layout(mod, target, self.layout))
+            rules = dict(layout_legalizations())
+            if self.fast_math and cpu:
+                rules.update(fastmath.legalizations())
+            if self.winograd != "off" and cpu:
+                rules["relax.nn.conv2d"] = winograd_legalization(self.winograd, rules["relax.nn.conv2d"])
+            mod = relax.transform.LegalizeOps(rules)(mod)
+            fused = relax.get_pipeline("zero")(mod)
+            if prepack_weights:
+                fused = relax.transform.AttachAttrLayoutFreeBuffers()(fused)
+        return fused
