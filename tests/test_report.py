@@ -128,7 +128,7 @@ def test_the_progress_display_is_plain_lines_off_a_terminal(tuned_tiny):
     lines = [ln for ln in stderr.splitlines() if "ETA" in ln]
     assert lines, stderr[-2000:]
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", stderr)  # no escape sequences, no carriage returns
-    assert re.search(r"\[\d+/12 trials\] elapsed \d+:\d\d ETA \d+:\d\d \| est\. [\d.]+ ms \| \d+ failed", lines[-1])
+    assert re.search(r"\[\d+/12 trials\] elapsed \d+:\d\d ETA \d+:\d\d \| est\. [\d.]+ ms( \(\d+/\d+ tasks\))? \| \d+ failed", lines[-1])
 
 
 def _browser():
