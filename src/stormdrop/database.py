@@ -352,9 +352,9 @@ class Database:
     # -- claims: concurrent tuners on one database ------------------------------------------
 
     def claim(self, workload_id: int, target: str, keys: list[str], owner: str) -> set[str]:
-        """Claim candidates for ``owner`` before measuring them; returns the keys another live owner
-        holds (measure those not: wait for their records). A claim whose owner has not been heard
-        of for ``CLAIM_STALE_S`` seconds (a killed tuner) is taken over."""
+        """Claim candidates for ``owner`` before measuring them; returns the keys not to measure: held
+        by another live owner (wait for their records) or measured meanwhile. A claim whose owner
+        has not been heard of for ``CLAIM_STALE_S`` seconds (a killed tuner) is taken over."""
         now, taken = time.time(), set()
         with self.transaction():
             for key in keys:
@@ -362,6 +362,11 @@ class Database:
                                   " candidate_key=?", (int(workload_id), target, key))
                 if row and row[0][0] != owner and _alive(*row[0], now):
                     taken.add(key)
+                    continue
+                done = self._query("SELECT error, attempts FROM records WHERE workload_id=? AND target=? AND"
+                                   " candidate_key=?", (int(workload_id), target, key))
+                if done and not (done[0][0] and ErrorKind(done[0][0]).retryable and int(done[0][1]) < 2):
+                    taken.add(key)  # committed since the caller looked: its record is the result
                     continue
                 self._query("INSERT OR REPLACE INTO claims (workload_id, target, candidate_key, owner, heartbeat)"
                             " VALUES (?, ?, ?, ?, ?)", (int(workload_id), target, key, owner, now))
