@@ -140,7 +140,7 @@ def test_phases_reuse_only_and_donors_from_another_database_left_unchanged(tmp_p
                         "--json", str(js), "--no-progress"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     task = json.loads(js.read_text())["tasks"][0]
-    assert task["trials"]["reuse"] == 2 and task["trials"]["storm"] == 0 and task["trials"]["raindrop"] == 0
+    assert 1 <= task["trials"]["reuse"] <= 2 and task["trials"]["storm"] == 0 and task["trials"]["raindrop"] == 0
     assert task["verified"]
     assert _digest(donor_db) == before
     with Database(tmp_path / "new.db") as d:
@@ -150,7 +150,7 @@ def test_phases_reuse_only_and_donors_from_another_database_left_unchanged(tmp_p
 def test_reuse_then_raindrop_without_a_storm(tmp_path, donor_db):
     task = tune_kernel("matmul:M=48,N=80,K=64", trials=8, exploit_trials=6, db=tmp_path / "rr.db", seed=0,
                        phases=(Phase.REUSE, Phase.RAINDROP), reuse_from=[donor_db]).tasks[0]
-    assert task.trials["storm"] == 0 and task.trials["reuse"] == 2 and 1 <= task.trials["raindrop"] <= 6
+    assert task.trials["storm"] == 0 and 1 <= task.trials["reuse"] <= 2 and 1 <= task.trials["raindrop"] <= 6
     assert task.verified
 
 

@@ -29,6 +29,18 @@ def _last_line(path) -> str:
     return lines[-1] if lines else "(no output)"
 
 
+def _wait_free(rpc: dict, n: int, timeout: float = 60) -> None:
+    from tvm import rpc as tvm_rpc
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        queue = tvm_rpc.connect_tracker(rpc["host"], rpc["port"]).summary()["queue_info"]
+        if queue.get(rpc["key"], {}).get("free", 0) >= n:
+            return
+        time.sleep(0.5)
+    pytest.fail(f"{n} devices under {rpc['key']} did not become free")
+
+
 def _cluster(logs, key: str, servers: int):
     """A tracker and ``servers`` servers with ``key``, in their own process groups (their popen workers
     too); yields the tracker's address and the servers' log files.
@@ -144,6 +156,7 @@ def test_every_free_device_under_the_key_measures(tmp_path, two_devices):
         assert len(g._runners) == 2
     with Gateway(host_target(), MeasureConfig(rpc=rpc, rpc_devices=1)) as g:
         assert len(g._runners) == 1  # --rpc-devices caps it
+    _wait_free(rpc, 2)  # the gateways' sessions are over: both devices back at the tracker
     result = tune_kernel("matmul:M=32,N=32,K=32", trials=16, exploit_trials=0, db=tmp_path / "two.db", seed=0,
                          measure=MeasureConfig(rpc=rpc))
     assert result.tasks[0].verified

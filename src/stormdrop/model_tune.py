@@ -185,10 +185,11 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
                 s.result.weight = weight
             result = ModelResult(canonical(tgt), model.name, time.monotonic() - start,
                                  [s.result for s in sessions], stopped_by=stopped_by)
-            _compile_and_verify(result, model, fused, sessions, tgt, output, seed,
-                                rpc=measure.rpc if measure is not None else None)
-            database.note_model(model.name, {**note, "tuning_s": result.tuning_s, "latency_s": result.latency_s,
-                                             "stopped_by": stopped_by})
+        # after the gateway is closed: its runners' devices (RPC) are free again for the model
+        _compile_and_verify(result, model, fused, sessions, tgt, output, seed,
+                            rpc=measure.rpc if measure is not None else None)
+        database.note_model(model.name, {**note, "tuning_s": result.tuning_s, "latency_s": result.latency_s,
+                                         "stopped_by": stopped_by})
     finally:
         if display is not None:
             display.close()
