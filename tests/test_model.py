@@ -230,4 +230,5 @@ def test_a_killed_model_tune_resumes_losing_nothing_and_measuring_nothing_twice(
     doc = json.loads(js.read_text())
     measured = sum(t["trials"]["reuse"] + t["trials"]["storm"] + t["trials"]["raindrop"] for t in doc["tasks"])
     assert measured == len(after) - len(before), "the re-run measured a candidate the killed run had measured"
+    assert len(after) <= 24, "--trials counts the killed run's measurements too"
     assert all(t["verified"] for t in doc["tasks"])

@@ -145,7 +145,9 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
                       for s in sessions]
             states = [TaskState(w, max(k.flops, 1), k.op_class) for k, w in tasks]
             sched = GradientScheduler(states, seed=seed)
-            used, exhausted, extended = 0, set(), {}
+            # the ledger: --trials counts what earlier runs measured on these tasks too, so that a
+            # killed and resumed run measures no more than an uninterrupted one
+            used, exhausted, extended = sum(s.spent() for s in sessions), set(), {}
             # no global cap and no time budget: the per-task caps bound the run
             shown_cap = cap if trials is not None or time_budget else trials_per_task * len(tasks)
             display = ModelDisplay() if progress else None

@@ -95,6 +95,11 @@ class TaskSession:
         recs = self.db.records(self.entry.workload_id, self.target_key)
         return [r for r in recs if phase is None or r.phase == phase]
 
+    def spent(self, phase: Phase | None = None) -> int:
+        """Trials earlier runs spent on this task (in ``phase``): the budget ledger. Records imported
+        from MetaSchedule were measured by another tuner and spend nothing here."""
+        return sum(not r.versions.startswith("imported:") for r in self.stored(phase))
+
     def evaluate(self, cands: list[Candidate]) -> list[MeasureResult]:
         """Results for candidates: from the database when stored, else measured and committed."""
         results: list[MeasureResult | None] = [None] * len(cands)
@@ -315,13 +320,13 @@ class TaskTuner:
                 history.append((self.task.candidate_of(rec, rec.phase), rec.result))
             except Exception as err:  # noqa: BLE001 - a stored trace that no longer replays is skipped
                 log.debug("skipping stored record %s: %s", rec.record_id, err)
-        remaining = max(0, self.trials - len(self.task.stored(Phase.STORM)) - len(self.task.stored(Phase.REUSE)))
+        remaining = max(0, self.trials - self.task.spent(Phase.STORM) - self.task.spent(Phase.REUSE))
         return Storm(self.task.kernel.mod, self.task.target, trials=remaining, seed=self.task.seed,
                      config=self.storm_config, history=history)
 
     def _start_raindrop(self) -> Raindrop | None:
         task = self.task
-        budget = max(0, self.exploit_trials - len(task.stored(Phase.RAINDROP)))
+        budget = max(0, self.exploit_trials - task.spent(Phase.RAINDROP))
         best = task.db.best(task.entry.workload_id, task.target_key, k=1)
         if not best or budget <= 0:
             return None
@@ -397,7 +402,7 @@ def tune_kernel(kernel: str | Kernel, *, target: str | dict | Target | None = No
         with Gateway(tgt, measure) as gateway:
             task = TaskSession(database, gateway, k, tgt, seed, progress=bar)
             if bar is not None:
-                bar.update(min(len(task.stored(Phase.STORM)), trials) + min(len(task.stored(Phase.RAINDROP)), exploit))
+                bar.update(min(task.spent(Phase.STORM), trials) + min(task.spent(Phase.RAINDROP), exploit))
             tuner = TaskTuner(task, trials=trials, exploit_trials=exploit, storm=storm, raindrop=rcfg, reuse=reuse,
                               phases=phases, donor_dbs=donor_dbs)
             while time.monotonic() < deadline and tuner.step():
