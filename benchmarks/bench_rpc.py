@@ -1,0 +1,130 @@
+"""RPC dispatch: candidates timed per minute with 1, 2 and 4 loopback servers under one key.
+
+A tracker and N servers are started on this machine; one gateway times the same candidates
+(a small matmul's storm batch) on every free device at once. Each timing is wall-time bound
+(``--repeat`` samples of at least ``--min-repeat-ms`` each), like a remote device's, so the
+rate shows whether dispatch scales with devices even where the servers share this machine's
+cores (their kernels then run slower, which the rate does not see).
+
+Usage: ``python benchmarks/bench_rpc.py [--servers 1,2,4] [--candidates 16] [--json PATH] [--out RESULTS.md]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+KEY = "bench-rpc"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cluster(n: int, logs: str) -> tuple[dict, list[subprocess.Popen]]:
+    """A tracker and ``n`` servers under KEY, registered and free."""
+    from tvm import rpc as tvm_rpc
+
+    tport = _free_port()
+    cmds = [["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(tport), "--port-end", str(tport + 1)]]
+    for _ in range(n):
+        sport = _free_port()
+        cmds.append(["tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(sport), "--port-end",
+                     str(sport + 1), "--tracker", f"127.0.0.1:{tport}", "--key", KEY])
+    procs = []
+    for i, c in enumerate(cmds):
+        with open(os.path.join(logs, f"p{n}_{i}.log"), "wb") as log:
+            procs.append(subprocess.Popen([sys.executable, "-m", *c], stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", tport), timeout=1).close()
+            if tvm_rpc.connect_tracker("127.0.0.1", tport).summary()["queue_info"].get(KEY, {}).get("free", 0) >= n:
+                return {"host": "127.0.0.1", "port": tport, "key": KEY}, procs
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        time.sleep(0.5)
+    stop(procs)
+    raise SystemExit(f"the {n} loopback servers did not register")
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--servers", default="1,2,4")
+    p.add_argument("--candidates", type=int, default=16)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--min-repeat-ms", type=float, default=300)
+    p.add_argument("--json", default=None)
+    p.add_argument("--out", default=None, help="append the table to this Markdown file")
+    args = p.parse_args(argv)
+
+    from stormdrop.measure import Gateway, MeasureConfig
+    from stormdrop.storm import Storm, StormConfig
+    from stormdrop.target import canonical, host_target
+    from stormdrop.workloads import parse_kernel
+
+    target = host_target()
+    kernel = parse_kernel("matmul:M=64,N=64,K=64")
+    storm = Storm(kernel.mod, target, trials=args.candidates, seed=0,
+                  config=StormConfig(batch_size=args.candidates, prior=False))
+    mods = [c.mod for c in storm.propose()]
+    storm.close()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-rpc-") as logs:
+        for n in [int(x) for x in args.servers.split(",")]:
+            rpc, procs = cluster(n, logs)
+            try:
+                config = MeasureConfig(rpc=rpc, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms)
+                with Gateway(target, config) as g:
+                    g.prepare("mm", kernel.mod)
+                    g.measure("mm", mods[:2])  # references and sessions warm on every device
+                    t0 = time.monotonic()
+                    results = g.measure("mm", mods)
+                    secs = time.monotonic() - t0
+                    rows.append({"servers": n, "runners": len(g._runners), "candidates": len(mods),
+                                 "ok": sum(r.ok for r in results), "seconds": secs,
+                                 "per_minute": 60 * len(mods) / secs})
+            finally:
+                stop(procs)
+            print(json.dumps(rows[-1]), flush=True)
+    base = rows[0]["per_minute"]
+    lines = [f"## RPC dispatch, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
+             f"- command: `benchmarks/bench_rpc.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
+             f"- target `{canonical(target)}`; loopback servers on this machine; each timing {args.repeat} samples "
+             f"of >= {args.min_repeat_ms:.0f} ms (wall-time bound); builds included", "",
+             "| servers | runners | candidates | ok | seconds | candidates / min | vs 1 server |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['servers']} | {r['runners']} | {r['candidates']} | {r['ok']} | {r['seconds']:.1f} | "
+              f"{r['per_minute']:.1f} | {r['per_minute'] / base:.2f} |" for r in rows]
+    print("\n".join(lines))
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write("\n" + "\n".join(lines) + "\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
