@@ -47,7 +47,7 @@ def test_a_kernel_that_cannot_load_is_a_typed_failure(gateway):
     bad = _variant(lambda A, B, n: te.compute(
         (n, n), lambda i, j: tvm.tirx.call_extern("float32", "stormdrop_no_such_symbol", A[i, j]), name="C"))
     (r,) = gateway.measure(KEY, [bad])
-    assert r.error in (ErrorKind.BUILD_ERROR, ErrorKind.RUN_ERROR)
+    assert r.error in (ErrorKind.BUILD_ERROR, ErrorKind.RUN_ERROR, ErrorKind.RUNNER_CRASH)  # a crash is retried once
 
 
 def test_a_hang_times_out_and_the_next_candidate_still_runs(kernel):
