@@ -61,8 +61,8 @@ def test_a_hang_times_out_and_the_next_candidate_still_runs(kernel):
 
 
 def test_a_dead_runner_is_restarted(gateway, kernel):
-    gateway._runner.ensure()
-    gateway._runner.proc.kill()
-    gateway._runner.proc.wait()
+    gateway._runners[0].worker.ensure()
+    gateway._runners[0].worker.proc.kill()
+    gateway._runners[0].worker.proc.wait()
     results = gateway.measure(KEY, [kernel.mod, kernel.mod])
     assert results[1].ok  # whatever happened to the first, the run goes on
