@@ -66,3 +66,19 @@ def test_a_dead_runner_is_restarted(gateway, kernel):
     gateway._runners[0].worker.proc.wait()
     results = gateway.measure(KEY, [kernel.mod, kernel.mod])
     assert results[1].ok  # whatever happened to the first, the run goes on
+
+
+def test_a_runner_grown_past_its_memory_limit_is_restarted_and_still_checks(kernel):
+    # candidate libraries leak memory in TVM (see _tvm): a runner past its limit is replaced
+    wrong = _variant(lambda A, B, n: te.compute((n, n), lambda i, j: A[i, j] * B[i, j], name="C"))
+    with Gateway(host_target(), MeasureConfig(repeat=2, min_repeat_ms=1, runner_memory_mb=1)) as gw:
+        gw.prepare(KEY, kernel.mod)
+        first = gw._runners[0].worker.generation
+        results = gw.measure(KEY, [kernel.mod, wrong, kernel.mod])
+        assert [r.ok for r in results] == [True, False, True]
+        assert results[1].error is ErrorKind.WRONG_RESULT  # references made again by the new runner
+        assert gw.stats["runner_restarts"] == 3 and gw._runners[0].worker.generation == first + 2
+    with Gateway(host_target(), MeasureConfig(repeat=2, min_repeat_ms=1)) as gw:  # default: no restart
+        gw.prepare(KEY, kernel.mod)
+        gw.measure(KEY, [kernel.mod, kernel.mod])
+        assert gw.stats["runner_restarts"] == 0

@@ -54,6 +54,7 @@ class MeasureConfig:
     builders: int = 0  # 0: one per physical core
     rpc: dict | None = None  # {"host":..., "port":..., "key":...} to time on an RPC tracker's device
     rpc_devices: int = 0  # RPC: time on this many devices at once (0: every device free under the key)
+    runner_memory_mb: float = 0.0  # a local runner grown past this is restarted (0: _tvm.runner_memory_limit_mb)
 
 
 class _Worker:
@@ -176,7 +177,7 @@ class Gateway:
         self._workdir = tempfile.mkdtemp(prefix="stormdrop-")
         self._workloads: dict[str, tuple[str, int]] = {}
         self._counter = 0
-        self.stats = {"build_s": 0.0, "run_s": 0.0, "measured": 0}
+        self.stats = {"build_s": 0.0, "run_s": 0.0, "measured": 0, "runner_restarts": 0}
         for w in (*self._builders, *(r.worker for r in self._runners)):
             w.start()  # start importing TVM in the background right away
 
@@ -258,7 +259,21 @@ class Gateway:
             status, value = runner.worker.call("run", self._run_payload(key, built), timeout=cfg.run_timeout_s)
         if status == "lost":  # no device left to time on: stop here, everything measured is committed
             raise MeasureError(one_line(value))
+        self._recycle_if_grown(runner)
         return self._result(status, value, built)
+
+    def _recycle_if_grown(self, runner: _Runner) -> None:
+        """Restart a local runner that has grown past its memory limit (candidate libraries leak
+        memory in TVM, see ``_tvm``); its inputs and references are made again on the next run."""
+        proc = runner.worker.proc
+        if self.config.rpc is not None or proc is None:
+            return
+        limit = self.config.runner_memory_mb or _tvm.runner_memory_limit_mb()
+        rss = _tvm.process_rss_mb(proc.pid)
+        if rss > limit:
+            log.info("runner process at %.0f MB (limit %.0f MB): restarting it", rss, limit)
+            runner.worker.stop()
+            self.stats["runner_restarts"] += 1
 
     def _run_parallel(self, key: str, built: list, results: list,
                       on_result: Callable[[int, MeasureResult], None] | None) -> None:
