@@ -82,3 +82,42 @@ def test_a_runner_grown_past_its_memory_limit_is_restarted_and_still_checks(kern
         gw.prepare(KEY, kernel.mod)
         gw.measure(KEY, [kernel.mod, kernel.mod])
         assert gw.stats["runner_restarts"] == 0
+
+
+def _listening_addresses(pids):
+    """Local addresses of the TCP sockets in LISTEN state held by these processes (Linux /proc)."""
+    import os
+
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+        except OSError:
+            continue
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if cols[3] == "0A" and cols[9] in inodes:
+                    out.append(cols[1])
+    return out
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/net/tcp"), reason="Linux /proc needed")
+def test_measuring_listens_on_no_network_port(kernel):
+    import os
+
+    with Gateway(host_target(), MeasureConfig(repeat=2, min_repeat_ms=1)) as gw:
+        gw.prepare(KEY, kernel.mod)
+        assert gw.measure(KEY, [kernel.mod])[0].ok
+        pids = [os.getpid()] + [w.proc.pid for w in (*gw._builders, *(r.worker for r in gw._runners))
+                                if w.proc is not None]
+        assert len(pids) >= 3
+        assert _listening_addresses(pids) == []  # workers talk over socket pairs, not ports

@@ -145,3 +145,40 @@ def test_import_is_one_transaction(tmp_path: Path, mod, traces, monkeypatch) -> 
         monkeypatch.setattr(dst, "_commit_record", real)
         assert import_metaschedule(dst, str(tmp_path / "ms")) == 3
     assert os.path.getsize(path) > 0
+
+
+@pytest.mark.parametrize("corrupt", ["unknown_instruction", "truncated_trace", "wrong_block"])
+def test_a_malformed_trace_in_an_imported_file_is_refused_with_one_line(tmp_path: Path, mod, traces,
+                                                                         corrupt, capsys) -> None:
+    import json
+
+    from stormdrop.cli import main
+
+    path = tmp_path / "keep.db"
+    with Database(path) as db:
+        fill(db, mod, traces[:1])
+        good = tmp_path / "good"
+        export_metaschedule(db, str(good))
+    before = dump(path)
+    index, rec = json.loads((good / "database_tuning_record.json").read_text().splitlines()[0])
+    insts = rec[0][0]
+    if corrupt == "unknown_instruction":
+        insts[0][0] = "NoSuchInstruction"
+    elif corrupt == "truncated_trace":
+        rec[0] = [insts[: len(insts) // 2][1:], rec[0][1]]  # inputs refer to outputs that never existed
+    else:
+        get = next(i for i in insts if i[0] == "GetSBlock" or i[0] == "GetBlock")
+        get[2][0] = "no_such_block"
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "database_workload.json").write_text((good / "database_workload.json").read_text())
+    (bad / "database_tuning_record.json").write_text(json.dumps([index, rec]) + "\n")
+    with Database(path) as db:
+        with pytest.raises(DatabaseError) as info:
+            import_metaschedule(db, str(bad))
+    assert "\n" not in str(info.value) and "line 1" in str(info.value)
+    capsys.readouterr()
+    assert main(["import", str(bad), "--db", str(path)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and len(out.err.strip().splitlines()) == 1 and "Traceback" not in out.err
+    assert dump(path) == before

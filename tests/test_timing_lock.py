@@ -54,3 +54,22 @@ def test_a_tuner_waits_for_another_processs_timing(tmp_path, monkeypatch):
         first = min(rec.measured_at for w in d.workloads() for rec in d.records(w.workload_id))
     assert first >= released - 0.05, f"a candidate was timed {released - first:.1f} s before the lock was free"
     assert time.time() >= released
+
+
+def test_a_lock_file_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_path, monkeypatch):
+    import pytest
+
+    from stormdrop.errors import MeasureError
+    from stormdrop.timing_lock import timing
+
+    victim = tmp_path / "victim"
+    victim.write_text("mine")
+    victim.chmod(0o600)
+    link = tmp_path / "t.lock"
+    link.symlink_to(victim)
+    monkeypatch.setenv("STORMDROP_TIMING_LOCK", str(link))
+    with pytest.raises(MeasureError, match="symbolic link") as info:
+        with timing():
+            pass
+    assert "\n" not in str(info.value)
+    assert victim.read_text() == "mine" and (victim.stat().st_mode & 0o777) == 0o600

@@ -6,13 +6,17 @@ the same file lock (``flock``) around each timing: the candidate runs of the
 measurement gateway and the model timings of ``bench`` and ``tune --model``. Builds
 and reference computations are not timings and run freely. The lock is re-entrant
 within a process. ``$STORMDROP_TIMING_LOCK`` names another lock file; an empty value
-turns the lock off.
+turns the lock off. The lock file lives in a shared directory: a symbolic link or anything
+but a regular file there is refused (it could point another user's tuner at a file of its
+own), and only its owner makes it writable to all.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -42,12 +46,8 @@ def timing() -> Iterator[None]:
             _state.depth -= 1
         return
     with _process_lock:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = _open_lock(path)
         try:
-            try:
-                os.fchmod(fd, 0o666)  # other users' tuners share the machine too
-            except OSError:
-                pass
             fcntl.flock(fd, fcntl.LOCK_EX)
             _state.depth = 1
             try:
@@ -57,3 +57,26 @@ def timing() -> Iterator[None]:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+
+
+def _open_lock(path: str) -> int:
+    """The lock file, created if missing; never through a symbolic link (``MeasureError``)."""
+    from .errors import MeasureError
+
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    except OSError as err:
+        why = "it is a symbolic link" if err.errno == errno.ELOOP else (err.strerror or str(err))
+        raise MeasureError(f"cannot use the timing lock file {path}: {why} "
+                           "(STORMDROP_TIMING_LOCK names another one)") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise MeasureError(f"cannot use the timing lock file {path}: not a regular file "
+                           "(STORMDROP_TIMING_LOCK names another one)")
+    if info.st_uid == os.getuid():
+        try:
+            os.fchmod(fd, 0o666)  # other users' tuners share the machine too
+        except OSError:
+            pass
+    return fd
