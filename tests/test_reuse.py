@@ -187,3 +187,29 @@ def test_a_kernels_class_follows_its_blocks_layout_and_dtype_not_its_shapes():
     near, far = shape_distance(conv(16, 14), conv(16, 16)), shape_distance(conv(16, 14), conv(64, 56))
     assert 0 < near < far and shape_distance(conv(16, 14), conv(16, 14)) == 0
     assert shape_distance(conv(16, 14), parse_kernel("matmul:M=16,N=16,K=16").mod) == math.inf
+
+
+def _decisions(trace):
+    """(instruction kind, decision) of every sampling instruction of a trace, in order."""
+    return [(inst.kind.name, _tvm.to_py(trace.decisions[inst])) for inst in trace.insts if inst in trace.decisions]
+
+
+def test_a_transfer_keeps_every_decision_of_the_donor_nhwc_conv_with_packed_weights():
+    # NHWC convolutions with layout-free weights, as the model pipeline makes them (RewriteLayout packs them)
+    donor = parse_kernel("conv2d:N=1,C=32,H=28,W=28,K=64,R=3,S=3,pad=1,layout=NHWC")
+    target = parse_kernel("conv2d:N=1,C=48,H=14,W=14,K=96,R=3,S=3,pad=1,layout=NHWC")
+    ctx = make_context(donor.mod, host_target(), seed=0)
+    postprocs = ctx.space_generator.postprocs
+    spaces = ctx.generate_design_space()
+    for space in spaces:
+        sch = transfer(donor.mod, _tvm.trace_to_json(space.trace), target.mod, postprocs)
+        assert sch is not None, "a design-space schedule of a like kernel must transfer"
+        old, new = _decisions(space.trace), _decisions(sch.trace)
+        old = [d for d in old if not d[0].startswith("Enter")]
+        assert [k for k, _ in new][:len(old)] == [k for k, _ in old]  # none dropped, same order
+        for (kind, a), (_, b) in zip(old, new):
+            if kind == "SamplePerfectTile":
+                assert len(a) == len(b)  # refitted to the new extents, same number of levels
+            elif kind == "SampleCategorical":
+                assert a == b  # unroll and the like: kept as they were
+    assert len(spaces) >= 1

@@ -240,3 +240,26 @@ def max_abs_diff(outs: list[np.ndarray], ref: list[np.ndarray]) -> tuple[float, 
     err = max(float(np.max(np.abs(np.asarray(o, dtype=np.float64) - r))) for o, r in zip(outs, ref))
     scale = max(1.0, max(float(np.max(np.abs(r))) for r in ref))
     return err, scale
+
+
+def side_by_side(model: Model, ex: Any, inputs: dict[str, np.ndarray], target: Target, *,
+                 rpc: dict | None = None, rounds: int = 3) -> tuple[dict[str, float | None], float]:
+    """The one compile-and-verify check of ``tune --model`` and ``bench --model``: untuned TVM
+    (timed once: it can take seconds a run), the tuned executable ``ex`` and ONNX Runtime (timed
+    in turns, ``interleaved``) on the same inputs; TVM on the RPC device ``rpc`` when given
+    (ONNX Runtime runs here). The tuned outputs must match the reference (ONNX Runtime, else the
+    untuned build) within 1e-3 of its scale: ``TuningError`` otherwise. Returns the latencies
+    (``untuned``, ``tuned``, ``onnxruntime``: None without an ONNX model) and the max |diff|."""
+    from .errors import TuningError
+
+    untuned_outs, untuned_s = run_model(tvm.compile(model.mod, target=target), inputs, target, rpc=rpc)
+    outs, _ = run_model(ex, inputs, target, time_it=False, rpc=rpc)
+    timers = {"tuned": model_timer(ex, inputs, target, rpc)}
+    ref, latency = untuned_outs, {"untuned": untuned_s, "onnxruntime": None}
+    if model.onnx_model is not None:
+        ref, timers["onnxruntime"] = onnxruntime_timer(model.onnx_model, inputs, num_cores(target))
+    latency.update(interleaved(timers, rounds))
+    err, scale = max_abs_diff(outs, ref)
+    if not err <= 1e-3 * scale:
+        raise TuningError(f"{model.name}: the tuned model's output differs from the reference (max |diff| {err:.3g})")
+    return latency, err

@@ -10,7 +10,6 @@ Relax VM, and checked against ONNX Runtime (ONNX inputs) or the untuned build.
 from __future__ import annotations
 
 import logging
-import math
 import re
 import time
 from collections.abc import Sequence
@@ -24,25 +23,21 @@ from tvm.target import Target
 from . import _tvm
 from .database import Database, default_db_path
 from .display import ModelDisplay, TaskLine, eta_s
-from .errors import TuningError
+from .driver import Budget, drive, measured
 from .lowering import Lowering
 from .measure import Gateway, MeasureConfig
 from .model_run import (
     commit_best,
     compile_model,
-    max_abs_diff,
-    num_cores,
     prepack_weights,
     random_inputs,
-    run_model,
-    run_onnxruntime,
+    side_by_side,
 )
 from .raindrop import RaindropConfig
 from .records import Phase
-from .scheduler import GradientScheduler, TaskState
 from .storm import StormConfig
 from .target import canonical, parse_target
-from .tune import PHASES, TaskResult, TaskSession, TaskTuner, open_donors, verify_best
+from .tune import PHASES, TaskResult, TaskSession, TaskTuner, open_donors
 from .winograd import direct_flops as winograd_direct_flops
 from .workloads import Kernel
 from .workloads.models import Model, load_model
@@ -143,48 +138,25 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
                                 storm=storm, raindrop=raindrop or RaindropConfig(pvalue=pvalue), reuse=reuse,
                                 first_batch=first, phases=phases, donor_dbs=donor_dbs)
                       for s in sessions]
-            states = [TaskState(w, max(k.flops, 1), k.op_class) for k, w in tasks]
-            sched = GradientScheduler(states, seed=seed)
             # the ledger: --trials counts what earlier runs measured on these tasks too, so that a
             # killed and resumed run measures no more than an uninterrupted one
-            used, exhausted, extended = sum(s.spent() for s in sessions), set(), {}
+            used = sum(s.spent() for s in sessions)
             # no global cap and no time budget: the per-task caps bound the run
             shown_cap = cap if trials is not None or time_budget else trials_per_task * len(tasks)
             display = ModelDisplay() if progress else None
-            while not (stopped_by := _budget_spent(used, cap, deadline)):
-                i = sched.next_task()
-                if i is None and time_budget:
-                    # the per-task cap is a default, not a reason to stop with time left: the
-                    # task with the largest weight x latency gets another storm round + raindrop
-                    i = _most_costly(states, exhausted)
-                    if i is not None:
-                        batch = (storm or StormConfig()).batch_size
-                        tuners[i].extend(batch, batch)
-                        states[i].finished = False
-                        extended[i] = _measured(sessions[i])
-                if i is None:
-                    stopped_by = ("every task exhausted (another storm round found nothing new)" if time_budget
-                                  else f"every task done (converged or at its cap of {trials_per_task} trials)")
-                    break
-                before, t0 = _measured(sessions[i]), time.monotonic()
-                tuners[i].step(limit=None if trials is None else cap - used)  # --trials is a hard cap
-                sessions[i].result.tuning_s += time.monotonic() - t0  # each task's own share of the wait
-                used += _measured(sessions[i]) - before
-                if tuners[i].done and extended.get(i) == _measured(sessions[i]):
-                    exhausted.add(i)  # its extension found nothing new to measure
-                sched.tell(i, sessions[i].best, finished=tuners[i].done)
-                if display is not None:
-                    lines = [TaskLine(k.name, w, tu.phase.value, se.best, _measured(se), se.result.trials["failed"])
-                             for (k, w), tu, se in zip(tasks, tuners, sessions)]
-                    now = time.monotonic()
-                    display.show(used, shown_cap, now - start, eta_s(used, now - start, shown_cap, deadline - now),
-                                 lines, current=i)
-            for t, s, (_, weight) in zip(tuners, sessions, tasks):
-                t0 = time.monotonic()
-                t.finish()
-                verify_best(s)
-                s.result.tuning_s += time.monotonic() - t0
-                s.result.weight = weight
+
+            def show(i: int, used: int) -> None:
+                if display is None:
+                    return
+                lines = [TaskLine(k.name, w, tu.phase.value, se.best, measured(se), se.result.trials["failed"])
+                         for (k, w), tu, se in zip(tasks, tuners, sessions)]
+                now = time.monotonic()
+                display.show(used, shown_cap, now - start, eta_s(used, now - start, shown_cap, deadline - now),
+                             lines, current=i)
+
+            budget = Budget(trials=trials, deadline=deadline, extend=bool(time_budget), per_task_cap=trials_per_task)
+            stopped_by = drive(tuners, sessions, [w for _, w in tasks], budget, used=used, seed=seed, storm=storm,
+                               on_step=show)
             result = ModelResult(canonical(tgt), model.name, time.monotonic() - start,
                                  [s.result for s in sessions], stopped_by=stopped_by)
         # after the gateway is closed: its runners' devices (RPC) are free again for the model
@@ -215,24 +187,6 @@ def first_batch_size(trials: int | None, num_tasks: int, batch: int) -> int | No
     return max(2, trials // num_tasks)
 
 
-def _most_costly(states: list[TaskState], exhausted: set[int]) -> int | None:
-    """The task with the largest weight x best latency that can still find something new."""
-    live = [i for i, t in enumerate(states) if i not in exhausted and math.isfinite(t.best)]
-    return max(live, key=lambda i: states[i].weight * states[i].best, default=None)
-
-
-def _budget_spent(used: int, cap: float, deadline: float) -> str:
-    """Which global budget is spent ("" while neither)."""
-    if used >= cap:
-        return "the trial budget"
-    return "the time budget" if time.monotonic() >= deadline else ""
-
-
-def _measured(session: TaskSession) -> int:
-    t = session.result.trials
-    return t["reuse"] + t["storm"] + t["raindrop"]
-
-
 def _ms_database(sessions: list[TaskSession], target: Target) -> ms.database.MemoryDatabase:
     """A MetaSchedule database holding the best record of each task that ran again after tuning
     (``verify_best``; checked against the reference unless checking was turned off)."""
@@ -251,18 +205,8 @@ def _compile_and_verify(result: ModelResult, model: Model, fused: tvm.IRModule, 
     if untuned:
         log.warning("%d task(s) have no valid schedule and run with TVM's default: %s", len(untuned),
                     ", ".join(untuned))
-    inputs = random_inputs(model, seed)
-    untuned_outs, result.latency_s["untuned"] = run_model(tvm.compile(model.mod, target=target), inputs, target,
-                                                          rpc=rpc)
     ex = compile_model(fused, _ms_database(sessions, target), target)
-    outs, result.latency_s["tuned"] = run_model(ex, inputs, target, rpc=rpc)
-    if model.onnx_model is not None:
-        ref, result.latency_s["onnxruntime"] = run_onnxruntime(model.onnx_model, inputs, num_cores(target))
-    else:
-        ref, result.latency_s["onnxruntime"] = untuned_outs, None
-    err, scale = max_abs_diff(outs, ref)
-    result.max_abs_error = err
-    if not err <= 1e-3 * scale:
-        raise TuningError(f"{model.name}: the tuned model's output differs from the reference (max |diff| {err:.3g})")
+    latency, result.max_abs_error = side_by_side(model, ex, random_inputs(model, seed), target, rpc=rpc)
+    result.latency_s.update(latency)
     if output:
         _tvm.export_library(ex, output)

@@ -1,4 +1,4 @@
-"""The one loop: storm, then raindrop, for one kernel; every result committed as measured.
+"""One task's tuning: reuse, storm, then raindrop; every result committed as measured.
 
 The loop asks a phase for candidates, looks each one up in the database (a
 schedule already measured is never measured again, which is also how a killed
@@ -385,6 +385,7 @@ def tune_kernel(kernel: str | Kernel, *, target: str | dict | Target | None = No
     the same call resumes. Returns the best verified latency per task.
     """
     from .database import default_db_path
+    from .driver import Budget, drive
 
     start = time.monotonic()
     k = kernel if isinstance(kernel, Kernel) else parse_kernel(kernel)
@@ -405,10 +406,7 @@ def tune_kernel(kernel: str | Kernel, *, target: str | dict | Target | None = No
                 bar.update(min(task.spent(Phase.STORM), trials) + min(task.spent(Phase.RAINDROP), exploit))
             tuner = TaskTuner(task, trials=trials, exploit_trials=exploit, storm=storm, raindrop=rcfg, reuse=reuse,
                               phases=phases, donor_dbs=donor_dbs)
-            while time.monotonic() < deadline and tuner.step():
-                pass
-            tuner.finish()
-            verify_best(task)
+            drive([tuner], [task], [1], Budget(deadline=deadline), seed=seed, storm=storm)  # one task, one driver
             task.result.tuning_s = time.monotonic() - start
     finally:
         if bar is not None:

@@ -1,0 +1,100 @@
+"""The one driver: a kernel is a model with one task.
+
+``drive`` steps the tasks' tuners (the gradient task scheduler picks the next one)
+until a budget is spent or every task is done, then finishes each task and
+verifies its best record (``verify_best``). ``tune_kernel`` drives one task,
+``tune_model`` a model's tasks; both share this loop, the ledger of measured
+trials and the verification.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .scheduler import GradientScheduler, TaskState
+from .storm import StormConfig
+from .tune import TaskSession, TaskTuner, verify_best
+
+
+@dataclass(frozen=True)
+class Budget:
+    """When the driver stops: ``trials`` measured in all (a hard cap; None: none), the wall-clock
+    ``deadline`` (``time.monotonic()``; inf: none). ``extend``: with time left after every task
+    is done, the costliest task gets another storm round and raindrop (``TaskTuner.extend``)."""
+
+    trials: int | None = None
+    deadline: float = math.inf
+    extend: bool = False
+    per_task_cap: int | None = None  # said in the stop reason only
+
+    def spent(self, used: int) -> str:
+        """Which budget is spent ("" while neither)."""
+        if self.trials is not None and used >= self.trials:
+            return "the trial budget"
+        return "the time budget" if time.monotonic() >= self.deadline else ""
+
+
+def measured(session: TaskSession) -> int:
+    """Candidates this run measured for the task (reuse, storm, raindrop; failures included)."""
+    t = session.result.trials
+    return t["reuse"] + t["storm"] + t["raindrop"]
+
+
+def most_costly(states: list[TaskState], exhausted: set[int]) -> int | None:
+    """The task with the largest weight x best latency that can still find something new."""
+    live = [i for i, t in enumerate(states) if i not in exhausted and math.isfinite(t.best)]
+    return max(live, key=lambda i: states[i].weight * states[i].best, default=None)
+
+
+def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights: Sequence[int], budget: Budget, *,
+          used: int = 0, seed: int = 0, storm: StormConfig | None = None,
+          on_step: Callable[[int, int], None] | None = None) -> str:
+    """Tune until ``budget`` is spent or every task is done; then finish and verify every task.
+
+    ``used``: trials already spent against ``budget.trials`` (earlier runs' measurements of these
+    tasks: a resumed run measures no more than an uninterrupted one). ``on_step(i, used)`` hears
+    each batch. Returns why tuning stopped.
+    """
+    states = [TaskState(w, max(s.kernel.flops, 1), s.kernel.op_class) for s, w in zip(sessions, weights)]
+    sched = GradientScheduler(states, seed=seed)
+    exhausted: set[int] = set()
+    extended: dict[int, int] = {}
+    cap = budget.trials
+    while not (stopped_by := budget.spent(used)):
+        i = sched.next_task()
+        if i is None and budget.extend:
+            # the per-task cap is a default, not a reason to stop with time left: the
+            # task with the largest weight x latency gets another storm round + raindrop
+            i = most_costly(states, exhausted)
+            if i is not None:
+                batch = (storm or StormConfig()).batch_size
+                tuners[i].extend(batch, batch)
+                states[i].finished = False
+                extended[i] = measured(sessions[i])
+        if i is None:
+            if budget.extend:
+                stopped_by = "every task exhausted (another storm round found nothing new)"
+            elif budget.per_task_cap is not None:
+                stopped_by = f"every task done (converged or at its cap of {budget.per_task_cap} trials)"
+            else:
+                stopped_by = "every task done"
+            break
+        before, t0 = measured(sessions[i]), time.monotonic()
+        tuners[i].step(limit=None if cap is None else cap - used)  # --trials is a hard cap
+        sessions[i].result.tuning_s += time.monotonic() - t0  # each task's own share of the wait
+        used += measured(sessions[i]) - before
+        if tuners[i].done and extended.get(i) == measured(sessions[i]):
+            exhausted.add(i)  # its extension found nothing new to measure
+        sched.tell(i, sessions[i].best, finished=tuners[i].done)
+        if on_step is not None:
+            on_step(i, used)
+    for tuner, session, weight in zip(tuners, sessions, weights):
+        t0 = time.monotonic()
+        tuner.finish()
+        verify_best(session)
+        session.result.tuning_s += time.monotonic() - t0
+        session.result.weight = weight
+    return stopped_by
