@@ -157,6 +157,7 @@ def read_metaschedule(in_dir: str) -> list[Any]:
             where = f"{path_rec} line {lineno}"
             if not isinstance(index, int) or not 0 <= index < len(workloads):
                 raise ValueError(f"workload index {index!r} out of range")
+            _tvm.check_trace_json(rec[0] if isinstance(rec, list) and rec else None)
             records.append(ms.database.TuningRecord.from_json(rec, workloads[index]))
     except Exception as e:  # TVM raises assorted errors for bad entries
         raise DatabaseError(f"malformed MetaSchedule entry in {where}: {one_line(e)}") from None

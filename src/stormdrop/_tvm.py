@@ -40,6 +40,10 @@
   memory (every build then timed out). The same library loaded once and called again does
   not grow. ``runner_memory_limit_mb`` / ``process_rss_mb`` let the gateway recycle its
   runner process when it has grown past a limit.
+- ``TuningRecord.from_json`` (and ``Trace.apply_json_to_schedule``) on a trace whose
+  instructions use a random variable no earlier instruction defined (a truncated or edited
+  file) crashes the process now and then (segmentation fault) instead of raising.
+  ``check_trace_json`` refuses such a trace with a ``ValueError`` before TVM sees it.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ import json
 import math
 import os
 import platform
+import re
 import sys
 import types
 from typing import Any
@@ -151,10 +156,44 @@ def trace_to_json(trace: Trace, remove_postproc: bool = False) -> str:
     return json.dumps(to_py(trace.as_json(remove_postproc=remove_postproc)), separators=(",", ":"))
 
 
+_RV_NAME = re.compile(r"[a-z]\d+")  # how a trace's JSON names its random variables: b0, l1, v2
+
+
+def check_trace_json(obj: Any) -> None:
+    """Raise ``ValueError`` unless ``obj`` is shaped like a trace's JSON ``[instructions,
+    decisions]`` whose instructions use only random variables defined by earlier ones and whose
+    decisions name existing instructions (TVM may crash on such a trace rather than raise)."""
+    if not (isinstance(obj, list) and len(obj) == 2 and all(isinstance(x, list) for x in obj)):
+        raise ValueError("a trace is [instructions, decisions]")
+    insts, decisions = obj
+    defined: set[str] = set()
+
+    def used(x: Any) -> None:
+        if isinstance(x, list):
+            for y in x:
+                used(y)
+        elif isinstance(x, str) and _RV_NAME.fullmatch(x) and x not in defined:
+            raise ValueError(f"instruction {i} uses {x}, which no earlier instruction defines")
+
+    for i, inst in enumerate(insts):
+        if not (isinstance(inst, list) and len(inst) == 4 and isinstance(inst[0], str)
+                and all(isinstance(part, list) for part in inst[1:])):
+            raise ValueError(f"instruction {i} is not [kind, inputs, attributes, outputs]")
+        used(inst[1])
+        if not all(isinstance(o, str) and _RV_NAME.fullmatch(o) for o in inst[3]):
+            raise ValueError(f"instruction {i} has outputs that are not random-variable names")
+        defined.update(inst[3])
+    for d in decisions:
+        if not (isinstance(d, list) and len(d) == 2 and isinstance(d[0], int) and 0 <= d[0] < len(insts)):
+            raise ValueError(f"decision {d!r} names no instruction of the trace")
+
+
 def schedule_from_trace_json(mod: tvm.IRModule, text: str) -> Schedule:
     """Replay a stored trace (as written by ``trace_to_json``) on ``mod``."""
+    obj = json.loads(text)
+    check_trace_json(obj)
     sch = Schedule(mod)
-    Trace.apply_json_to_schedule(json.loads(text), sch)
+    Trace.apply_json_to_schedule(obj, sch)
     return sch
 
 
