@@ -60,6 +60,12 @@ def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights:
     """
     states = [TaskState(w, max(s.kernel.flops, 1), s.kernel.op_class) for s, w in zip(sessions, weights)]
     sched = GradientScheduler(states, seed=seed)
+    for i, session in enumerate(sessions):
+        if math.isfinite(session.best):
+            # an earlier run of these tasks gave this one its warm-up round: a resumed run goes on
+            # as the uninterrupted one would have, with the tasks it never reached (without this,
+            # a resumed run could spend the rest of --trials before a last task got any trial)
+            sched.tell(i, session.best)
     exhausted: set[int] = set()
     extended: dict[int, int] = {}
     cap = budget.trials
