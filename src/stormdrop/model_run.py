@@ -135,10 +135,14 @@ def run_model(ex: Any, inputs: dict[str, np.ndarray], target: Target, *, time_it
     """Outputs of the compiled model, and its median latency (s) when ``time_it`` (here, or on the
     RPC device ``rpc``)."""
     vm, dev, args = _vm(ex, inputs, target, rpc)
-    out = vm["main"](*args)
-    outs = [o.numpy() for o in out] if isinstance(out, (list, tuple)) or type(out).__name__ == "Array" else [
-        out.numpy()]
+    outs = _outputs(vm, args)
     return outs, (_timer(vm, dev, args, remote=bool(rpc))() if time_it else None)
+
+
+def _outputs(vm: Any, args: list) -> list[np.ndarray]:
+    out = vm["main"](*args)
+    return [o.numpy() for o in out] if isinstance(out, (list, tuple)) or type(out).__name__ == "Array" else [
+        out.numpy()]
 
 
 def kernel_times(ex: Any, inputs: dict[str, np.ndarray], target: Target, runs: int = 20) -> dict[str, float]:
@@ -253,8 +257,9 @@ def side_by_side(model: Model, ex: Any, inputs: dict[str, np.ndarray], target: T
     from .errors import TuningError
 
     untuned_outs, untuned_s = run_model(tvm.compile(model.mod, target=target), inputs, target, rpc=rpc)
-    outs, _ = run_model(ex, inputs, target, time_it=False, rpc=rpc)
-    timers = {"tuned": model_timer(ex, inputs, target, rpc)}
+    vm, dev, args = _vm(ex, inputs, target, rpc)  # one upload and load of the tuned library (an RPC
+    outs = _outputs(vm, args)  # server that loaded the same file name twice shut the session down)
+    timers = {"tuned": _timer(vm, dev, args, remote=bool(rpc))}
     ref, latency = untuned_outs, {"untuned": untuned_s, "onnxruntime": None}
     if model.onnx_model is not None:
         ref, timers["onnxruntime"] = onnxruntime_timer(model.onnx_model, inputs, num_cores(target))
