@@ -68,3 +68,41 @@ def test_short_budget_shrinks_the_first_batch_so_every_task_is_reached():
     assert first_batch_size(10, 40, 16) == 2  # never fewer than two candidates a task
     assert first_batch_size(100, 0, 16) is None
     assert first_batch_size(None, 19, 16) is None  # no global cap (a time budget decides)
+
+
+class _Tuner:
+    """A task's tuner that measures ``batch`` candidates a step and never converges."""
+
+    def __init__(self, session, batch=4):
+        self.session, self.batch, self.done = session, batch, False
+
+    def step(self, limit=None):
+        n = self.batch if limit is None else min(self.batch, limit)
+        self.session.result.trials["storm"] += n
+        self.session.best = min(self.session.best, 1e-3)
+
+    def finish(self):
+        pass
+
+
+class _Session:
+    def __init__(self, best):
+        from types import SimpleNamespace
+
+        self.best = best
+        self.kernel = SimpleNamespace(flops=1e6, op_class="conv2d")
+        self.result = SimpleNamespace(trials={"reuse": 0, "storm": 0, "raindrop": 0, "failed": 0}, tuning_s=0.0,
+                                      weight=0)
+
+
+def test_a_resumed_drive_goes_on_with_the_tasks_an_earlier_run_never_reached(monkeypatch):
+    # tasks 0 and 1 were measured by a killed run (finite best, 8 trials spent); task 2 never was.
+    # With 4 trials left, the resumed run must give them to task 2, not restart the warm-up at task 0
+    from stormdrop import driver
+
+    monkeypatch.setattr(driver, "verify_best", lambda session: None)
+    sessions = [_Session(2e-3), _Session(3e-3), _Session(math.inf)]
+    tuners = [_Tuner(s) for s in sessions]
+    stopped = driver.drive(tuners, sessions, [1, 1, 1], driver.Budget(trials=12), used=8)
+    assert stopped == "the trial budget"
+    assert [driver.measured(s) for s in sessions] == [0, 0, 4]
