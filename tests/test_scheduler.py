@@ -106,3 +106,38 @@ def test_a_resumed_drive_goes_on_with_the_tasks_an_earlier_run_never_reached(mon
     stopped = driver.drive(tuners, sessions, [1, 1, 1], driver.Budget(trials=12), used=8)
     assert stopped == "the trial budget"
     assert [driver.measured(s) for s in sessions] == [0, 0, 4]
+
+
+def test_a_time_budget_covers_the_verification_and_compile_after_the_search(monkeypatch):
+    # a fake clock: each step takes 10 s; one candidate alone builds in 5 s and runs in 5 s. Three
+    # tasks are verified (10 s each) and the model is compiled (one 5-s build a task) after the
+    # search, so a 100-s budget leaves the search until about 100 - 10 - 30 - 15 = 45 s (was: 100 s,
+    # and the run ended at 145 s)
+    from types import SimpleNamespace
+
+    from stormdrop import driver
+
+    clock = [0.0]
+    monkeypatch.setattr(driver.time, "monotonic", lambda: clock[0])
+    gateway = SimpleNamespace(candidate_s=lambda: (5.0, 5.0))
+
+    def verify(session):
+        clock[0] += 10.0
+
+    monkeypatch.setattr(driver, "verify_best", verify)
+    sessions = [_Session(math.inf) for _ in range(3)]
+    for s in sessions:
+        s.gateway = gateway
+    tuners = [_Tuner(s) for s in sessions]
+    for t in tuners:
+        step = t.step
+
+        def timed(limit=None, step=step):
+            step(limit)
+            clock[0] += 10.0
+
+        t.step = timed
+    stopped = driver.drive(tuners, sessions, [1, 1, 1], driver.Budget(deadline=100.0, builds_after=3))
+    assert stopped == "the time budget"
+    assert sum(driver.measured(s) for s in sessions) == 5 * 4  # steps started at 0, 10, 20, 30 and 40 s
+    assert clock[0] + 3 * 5.0 <= 100.0  # verified and compiled by the deadline

@@ -217,6 +217,15 @@ class Gateway:
             self.stats["measured"] += sum(r is not None for r in results)
         return results  # type: ignore[return-value]
 
+    def candidate_s(self) -> tuple[float, float]:
+        """Wall seconds to build, and to run, one candidate measured alone, from what this gateway
+        measured so far ((0, 0) before anything): the builders share a batch's builds, so one
+        build alone takes about the number of builders times a batch's build time per candidate."""
+        n = self.stats["measured"]
+        if not n:
+            return 0.0, 0.0
+        return self.stats["build_s"] / n * len(self._builders), self.stats["run_s"] / n
+
     def _build_all(self, mods: list[tvm.IRModule]) -> list[dict | MeasureResult]:
         out: list[dict | MeasureResult] = [MeasureResult.failure(ErrorKind.BUILD_ERROR, "not built")] * len(mods)
         pending = list(range(len(mods)))

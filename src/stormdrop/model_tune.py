@@ -49,7 +49,7 @@ log = logging.getLogger("stormdrop")
 class ModelResult:
     target: str
     model: str
-    tuning_s: float
+    tuning_s: float  # extraction, search, verification and the tuned model's compile (what --time-budget bounds)
     tasks: list[TaskResult]
     latency_s: dict[str, float | None] = field(default_factory=dict)
     max_abs_error: float | None = None
@@ -154,13 +154,13 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
                 display.show(used, shown_cap, now - start, eta_s(used, now - start, shown_cap, deadline - now),
                              lines, current=i)
 
-            budget = Budget(trials=trials, deadline=deadline, extend=bool(time_budget), per_task_cap=trials_per_task)
+            budget = Budget(trials=trials, deadline=deadline, extend=bool(time_budget), per_task_cap=trials_per_task,
+                            builds_after=len(tasks))
             stopped_by = drive(tuners, sessions, [w for _, w in tasks], budget, used=used, seed=seed, storm=storm,
                                on_step=show)
-            result = ModelResult(canonical(tgt), model.name, time.monotonic() - start,
-                                 [s.result for s in sessions], stopped_by=stopped_by)
+            result = ModelResult(canonical(tgt), model.name, 0.0, [s.result for s in sessions], stopped_by=stopped_by)
         # after the gateway is closed: its runners' devices (RPC) are free again for the model
-        _compile_and_verify(result, model, fused, sessions, tgt, output, seed,
+        _compile_and_verify(result, model, fused, sessions, tgt, output, seed, start,
                             rpc=measure.rpc if measure is not None else None)
         database.note_model(model.name, {**note, "tuning_s": result.tuning_s, "latency_s": result.latency_s,
                                          "stopped_by": stopped_by})
@@ -198,14 +198,16 @@ def _ms_database(sessions: list[TaskSession], target: Target) -> ms.database.Mem
 
 
 def _compile_and_verify(result: ModelResult, model: Model, fused: tvm.IRModule, sessions: list[TaskSession],
-                        target: Target, output: str | None, seed: int, rpc: dict | None = None) -> None:
-    """Compile with every task's best record, run and time it (on the RPC device when tuning was
-    remote: untuned and tuned builds both; ONNX Runtime runs here), and check its outputs."""
+                        target: Target, output: str | None, seed: int, start: float, rpc: dict | None = None) -> None:
+    """Compile with every task's best record (``result.tuning_s`` ends there, counted from ``start``),
+    run and time it (on the RPC device when tuning was remote: untuned and tuned builds both; ONNX
+    Runtime runs here), and check its outputs."""
     untuned = [s.kernel.name for s in sessions if not s.result.trace_json]
     if untuned:
         log.warning("%d task(s) have no valid schedule and run with TVM's default: %s", len(untuned),
                     ", ".join(untuned))
     ex = compile_model(fused, _ms_database(sessions, target), target)
+    result.tuning_s = time.monotonic() - start
     latency, result.max_abs_error = side_by_side(model, ex, random_inputs(model, seed), target, rpc=rpc)
     result.latency_s.update(latency)
     if output:
