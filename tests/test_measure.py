@@ -35,6 +35,8 @@ def _variant(fn):
 def test_the_untuned_kernel_measures_with_repeated_samples(gateway, kernel):
     (r,) = gateway.measure(KEY, [kernel.mod])
     assert r.ok and len(r.run_secs) == 3 and all(t > 0 for t in r.run_secs)
+    build_s, run_s = gateway.candidate_s()  # what the time budget keeps for each re-measured best
+    assert build_s > 0 and run_s >= sum(r.run_secs) / 3
 
 
 def test_a_wrong_result_is_a_typed_failure(gateway):
