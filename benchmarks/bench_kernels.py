@@ -135,7 +135,7 @@ def tune_all(kernel, target, args, seed: int) -> dict[str, dict]:
     from _peers import run_meta_schedule, short
 
     from stormdrop import _tvm
-    from stormdrop.tune import tune_kernel
+    from stormdrop.kernel_tune import tune_kernel
 
     res: dict[str, dict] = {}
     total = args.trials + args.exploit_trials  # MetaSchedule's budget when stormdrop fails

@@ -50,10 +50,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from stormdrop import _tvm
     from stormdrop.database import Database
+    from stormdrop.kernel_tune import tune_kernel
     from stormdrop.measure import Gateway
     from stormdrop.raindrop import RaindropConfig
     from stormdrop.target import canonical, host_target, physical_cores
-    from stormdrop.tune import tune_kernel
     from stormdrop.workloads import parse_kernel
 
     pin_threads(physical_cores())

@@ -50,9 +50,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from stormdrop import _tvm
     from stormdrop.database import Database
+    from stormdrop.kernel_tune import tune_kernel
     from stormdrop.measure import Gateway
     from stormdrop.target import canonical, host_target, physical_cores
-    from stormdrop.tune import tune_kernel
     from stormdrop.winograd import choose_tile
     from stormdrop.workloads import parse_kernel
 

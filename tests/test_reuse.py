@@ -10,11 +10,11 @@ import tvm
 
 from stormdrop import _tvm
 from stormdrop.database import Database
+from stormdrop.kernel_tune import tune_kernel
 from stormdrop.records import Phase
 from stormdrop.reuse import nearest_factorization, transfer
 from stormdrop.storm import make_context
 from stormdrop.target import host_target
-from stormdrop.tune import tune_kernel
 from stormdrop.workloads import kernel_args, parse_kernel
 
 

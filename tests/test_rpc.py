@@ -12,8 +12,8 @@ import time
 import pytest
 
 from stormdrop.database import Database
+from stormdrop.kernel_tune import tune_kernel
 from stormdrop.measure import MeasureConfig
-from stormdrop.tune import tune_kernel
 
 KEY = "stormdrop-test"
 

@@ -16,9 +16,9 @@ import tvm
 
 from stormdrop import _tvm
 from stormdrop.database import Database
+from stormdrop.kernel_tune import tune_kernel
 from stormdrop.records import ErrorKind, Phase
 from stormdrop.storm import Storm
-from stormdrop.tune import tune_kernel
 from stormdrop.workloads import parse_kernel
 
 SPEC = "matmul:M=64,N=64,K=64"

@@ -14,7 +14,7 @@ __all__ = ["Lowering", "__version__", "open_database", "parse_kernel", "tune_ker
 
 def __getattr__(name: str):  # lazy: `import stormdrop` stays cheap (no TVM import)
     if name == "tune_kernel":
-        from .tune import tune_kernel
+        from .kernel_tune import tune_kernel
 
         return tune_kernel
     if name == "tune_model":

@@ -153,10 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
+    from .kernel_tune import tune_kernel
     from .report import task_table
     from .storm import StormConfig
     from .target import describe, parse_target
-    from .tune import parse_phases, tune_kernel
+    from .tune import parse_phases
     from .workloads import parse_kernel
 
     if args.model:

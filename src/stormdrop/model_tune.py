@@ -35,9 +35,10 @@ from .model_run import (
 )
 from .raindrop import RaindropConfig
 from .records import Phase
+from .reuse import open_donors
 from .storm import StormConfig
 from .target import canonical, parse_target
-from .tune import PHASES, TaskResult, TaskSession, TaskTuner, open_donors
+from .tune import PHASES, TaskResult, TaskSession, TaskTuner
 from .winograd import direct_flops as winograd_direct_flops
 from .workloads import Kernel
 from .workloads.models import Model, load_model

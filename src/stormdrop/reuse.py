@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Sequence
 
 import tvm
@@ -23,7 +24,7 @@ from tvm.s_tir import Schedule
 
 from . import _tvm
 from .database import Database, WorkloadEntry
-from .errors import one_line
+from .errors import DatabaseError, SpecError, one_line
 from .records import Phase
 from .space import Candidate
 
@@ -130,3 +131,16 @@ def reuse_candidates(db: Database, entry: WorkloadEntry, target_key: str, postpr
             cands.append(cand)
     log.debug("reuse: %d candidates from %d donors", len(cands), limit)
     return cands
+
+
+def open_donors(paths: Sequence[str | os.PathLike]) -> list[Database]:
+    """The ``--reuse-from`` databases, read only (SpecError naming the first that cannot be opened)."""
+    out: list[Database] = []
+    try:
+        for p in paths:
+            out.append(Database(p, read_only=True))
+    except DatabaseError as err:
+        for d in out:
+            d.close()
+        raise SpecError(f"--reuse-from: {err}") from None
+    return out

@@ -23,15 +23,15 @@ from tvm.target import Target
 
 from . import __version__, _tvm
 from .database import Database, WorkloadEntry
-from .errors import SpecError, TuningError
+from .errors import SpecError
 from .history import Trial
-from .measure import Gateway, MeasureConfig
+from .measure import Gateway
 from .raindrop import Raindrop, RaindropConfig
 from .records import MeasureResult, Phase, Record
 from .space import Candidate, DecisionSpace
 from .storm import Storm, StormConfig
-from .target import canonical, parse_target, vector_lanes
-from .workloads import Kernel, parse_kernel
+from .target import canonical, vector_lanes
+from .workloads import Kernel
 
 log = logging.getLogger("stormdrop")
 
@@ -61,17 +61,6 @@ class TaskResult:
                 "latency_s": self.latency_s, "verified": self.verified, "fallbacks": self.fallbacks,
                 "tuning_s": round(self.tuning_s, 3),
                 "trials": dict(self.trials), "history": [t.to_json() for t in self.history]}
-
-
-@dataclass
-class TuneResult:
-    target: str
-    tuning_s: float
-    tasks: list[TaskResult]
-
-    def to_json(self) -> dict:
-        return {"target": self.target, "tuning_s": round(self.tuning_s, 3),
-                "tasks": [t.to_json() for t in self.tasks]}
 
 
 class TaskSession:
@@ -364,81 +353,3 @@ def verify_best(task: TaskSession, k: int = 3) -> None:
                             rank, rec.record_id)
             return
         log.warning("best record %s failed verification: %s", rec.record_id, check.error_msg)
-
-
-def tune_kernel(kernel: str | Kernel, *, target: str | dict | Target | None = None, trials: int = 64,
-                exploit_trials: int | None = None, time_budget: float | None = None,
-                db: str | os.PathLike | Database | None = None, seed: int = 0, pvalue: float = 0.05,
-                measure: MeasureConfig | None = None, storm: StormConfig | None = None,
-                raindrop: RaindropConfig | None = None, reuse: int = 8, progress: bool = False,
-                phases: Sequence[Phase] = PHASES, reuse_from: Sequence[str | os.PathLike] = ()) -> TuneResult:
-    """Tune one kernel: reuse + storm for ``trials`` candidates, then raindrop for ``exploit_trials``.
-
-    Reuse measures the best schedules of up to ``reuse`` other workloads of the same
-    class stored in ``db`` (transferred to this one) before the storm, out of its budget.
-    ``phases``: which of reuse, storm and raindrop run (``(Phase.REUSE,)``: transfer only; with no
-    storm, reuse measures up to ``reuse`` transfers of its own). ``reuse_from``: more databases to
-    draw donors from, opened read only.
-
-    ``kernel`` is a spec (``matmul:M=512,N=512,K=512``, ``file.py:function``) or a
-    ``Kernel``. Every measurement is committed to ``db`` as it is made; re-running
-    the same call resumes. Returns the best verified latency per task.
-    """
-    from .database import default_db_path
-    from .driver import Budget, drive
-
-    start = time.monotonic()
-    k = kernel if isinstance(kernel, Kernel) else parse_kernel(kernel)
-    tgt = parse_target(target)
-    exploit = trials if exploit_trials is None else exploit_trials
-    deadline = start + time_budget if time_budget else float("inf")
-    rcfg = raindrop or RaindropConfig(pvalue=pvalue)
-    own_db = not isinstance(db, Database)
-    donor_dbs = open_donors(reuse_from)
-    database = Database(db or default_db_path()) if own_db else db
-    trials = trials if Phase.STORM in phases else 0
-    exploit = exploit if Phase.RAINDROP in phases else 0
-    bar = _progress_bar(k.name, trials + exploit) if progress else None
-    try:
-        with Gateway(tgt, measure) as gateway:
-            task = TaskSession(database, gateway, k, tgt, seed, progress=bar)
-            if bar is not None:
-                bar.update(min(task.spent(Phase.STORM), trials) + min(task.spent(Phase.RAINDROP), exploit))
-            tuner = TaskTuner(task, trials=trials, exploit_trials=exploit, storm=storm, raindrop=rcfg, reuse=reuse,
-                              phases=phases, donor_dbs=donor_dbs)
-            drive([tuner], [task], [1], Budget(deadline=deadline), seed=seed, storm=storm)  # one task, one driver
-            task.result.tuning_s = time.monotonic() - start
-    finally:
-        if bar is not None:
-            bar.close()
-        if own_db:
-            database.close()
-        for d in donor_dbs:
-            d.close()
-    if not task.result.trace_json:  # no valid schedule re-measured (checked unless checking is off)
-        t = task.result.trials
-        measured = t["reuse"] + t["storm"] + t["raindrop"]
-        raise TuningError(f"{k.name}: no valid, verified schedule was found "
-                          f"({t['failed']} of {measured} candidates measured by this run failed)")
-    return TuneResult(canonical(tgt), time.monotonic() - start, [task.result])
-
-
-def open_donors(paths: Sequence[str | os.PathLike]) -> list[Database]:
-    """The ``--reuse-from`` databases, read only (SpecError naming the first that cannot be opened)."""
-    from .errors import DatabaseError
-
-    out: list[Database] = []
-    try:
-        for p in paths:
-            out.append(Database(p, read_only=True))
-    except DatabaseError as err:
-        for d in out:
-            d.close()
-        raise SpecError(f"--reuse-from: {err}") from None
-    return out
-
-
-def _progress_bar(name: str, total: int):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=name[:32], unit="trial", dynamic_ncols=True, leave=True)
