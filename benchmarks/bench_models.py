@@ -118,7 +118,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
         try:
             r = tune_model(model, target=target, trials=None if args.time_budget else args.trials,
                            trials_per_task=args.trials_per_task, time_budget=args.time_budget,
-                           db=db_path, seed=args.seed, lowering=lowering)
+                           db=db_path, seed=args.seed, lowering=lowering, untuned=True)
             wall_s = time.monotonic() - t0  # with tune --model's own check (untuned build run, peers timed)
             with Database(db_path) as db:
                 ex, rows = tuned_build(model, db, target, lowering)

@@ -53,7 +53,8 @@ def test_tiny_onnx_network_tuned_compiled_and_matched(tmp_path):
     assert all(t.verified for t in result.tasks)
     assert sum(t.trials["storm"] + t.trials["raindrop"] for t in result.tasks) <= 24
     lat = result.latency_s
-    assert lat["tuned"] > 0 and lat["untuned"] > 0 and lat["onnxruntime"] > 0
+    assert lat["tuned"] > 0 and lat["onnxruntime"] > 0
+    assert lat["untuned"] is None  # ONNX Runtime is the reference: the slow untuned build is not run
     assert result.max_abs_error is not None and result.max_abs_error < 1e-3
     assert out.exists() and out.stat().st_size > 0
     # CPU weights are layout-free: tuned convolutions read packed weights, folded at compile time,

@@ -39,7 +39,8 @@ def test_relax_module_tuned_compiled_and_checked(tmp_path):
     assert result.tasks and all(t.verified for t in result.tasks)
     assert result.stopped_by.startswith("every task done")  # 8 global trials, one task capped at 4
     assert 0 < sum(t.tuning_s for t in result.tasks) <= result.tuning_s  # each task's own share
-    assert result.latency_s["onnxruntime"] is None  # no ONNX graph: checked against the untuned build
+    assert result.latency_s["onnxruntime"] is None  # no ONNX graph: checked against the untuned build,
+    assert result.latency_s["untuned"] > 0  # which therefore runs
     assert result.latency_s["tuned"] > 0 and result.max_abs_error is not None and result.max_abs_error < 1e-4
     x = rng.standard_normal((1, 64)).astype("float32")
     np.testing.assert_allclose(_run_artifact(so, x), np.maximum(x @ w, 0), rtol=1e-4, atol=1e-5)

@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--combine-matmuls", action="store_true",
                    help="model: matmuls of one input by constant weights (Q/K/V) as one GEMM and a split")
     t.add_argument("--output", default=None, metavar="PATH", help="model: write the compiled model (.so)")
+    t.add_argument("--untuned", action="store_true",
+                   help="model: compile and time the untuned build too (naive loops on CPUs: minutes for BERT-base; "
+                        "always run as the reference for a model without an ONNX graph)")
     t.add_argument("--input-shape", action="append", default=None, metavar="NAME:1x3x224x224")
     t.add_argument("--batch", type=_positive(int), default=1)
     t.add_argument("--resolution", type=_positive(int), default=None, help="zoo image models: input size")
@@ -238,12 +241,13 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
                         seed=args.seed, pvalue=args.pvalue, output=args.output, measure=_measure_config(args),
                         storm=StormConfig(batch_size=max(1, args.batch_size), prior=args.prior),
                         reuse=max(0, args.reuse), lowering=_lowering(args), raindrop=raindrop, progress=not args.no_progress, phases=phases,
-                        reuse_from=args.reuse_from)
+                        reuse_from=args.reuse_from, untuned=args.untuned)
     print(task_table(result.tasks))
     lat = result.latency_s
     fmt = lambda v: "n/a" if v is None else f"{v * 1e3:.3f} ms"  # noqa: E731
+    untuned = "" if lat.get("untuned") is None else f"untuned {fmt(lat['untuned'])}, "
     print(f"model {result.model} on {describe(target)}: tuned {fmt(lat.get('tuned'))}, "
-          f"untuned {fmt(lat.get('untuned'))}, onnxruntime {fmt(lat.get('onnxruntime'))}; "
+          f"{untuned}onnxruntime {fmt(lat.get('onnxruntime'))}; "
           f"tuning {result.tuning_s:.1f} s (stopped: {result.stopped_by}); output matches the reference (max |diff| {result.max_abs_error:.2g})")
     if args.json:
         with open(args.json, "w") as f:

@@ -247,16 +247,21 @@ def max_abs_diff(outs: list[np.ndarray], ref: list[np.ndarray]) -> tuple[float, 
 
 
 def side_by_side(model: Model, ex: Any, inputs: dict[str, np.ndarray], target: Target, *,
-                 rpc: dict | None = None, rounds: int = 3) -> tuple[dict[str, float | None], float]:
+                 rpc: dict | None = None, rounds: int = 3, untuned: bool = True
+                 ) -> tuple[dict[str, float | None], float]:
     """The one compile-and-verify check of ``tune --model`` and ``bench --model``: untuned TVM
     (timed once: it can take seconds a run), the tuned executable ``ex`` and ONNX Runtime (timed
     in turns, ``interleaved``) on the same inputs; TVM on the RPC device ``rpc`` when given
     (ONNX Runtime runs here). The tuned outputs must match the reference (ONNX Runtime, else the
-    untuned build) within 1e-3 of its scale: ``TuningError`` otherwise. Returns the latencies
-    (``untuned``, ``tuned``, ``onnxruntime``: None without an ONNX model) and the max |diff|."""
+    untuned build) within 1e-3 of its scale: ``TuningError`` otherwise. ``untuned=False``: the
+    untuned build is compiled and run only when it is the reference (no ONNX model): on a CPU it
+    runs naive loops (BERT-base: ~50 s a run, ~6 min with its compile). Returns the latencies
+    (``untuned``, ``tuned``, ``onnxruntime``: None when not run) and the max |diff|."""
     from .errors import TuningError
 
-    untuned_outs, untuned_s = run_model(tvm.compile(model.mod, target=target), inputs, target, rpc=rpc)
+    untuned_outs, untuned_s = None, None
+    if untuned or model.onnx_model is None:
+        untuned_outs, untuned_s = run_model(tvm.compile(model.mod, target=target), inputs, target, rpc=rpc)
     vm, dev, args = _vm(ex, inputs, target, rpc)  # one upload and load of the tuned library (an RPC
     outs = _outputs(vm, args)  # server that loaded the same file name twice shut the session down)
     timers = {"tuned": _timer(vm, dev, args, remote=bool(rpc))}

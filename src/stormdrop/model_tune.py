@@ -106,14 +106,15 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
                resolution: int | None = None, seq_len: int | None = None, reuse: int = 8,
                lowering: Lowering | None = None, raindrop: RaindropConfig | None = None,
                progress: bool = False, phases: Sequence[Phase] = PHASES,
-               reuse_from: Sequence[str] = ()) -> ModelResult:
+               reuse_from: Sequence[str] = (), untuned: bool = False) -> ModelResult:
     """Tune every task of a model under a global trial and time budget, then compile and verify.
 
     ``trials=None``: no global cap; the time budget and ``trials_per_task`` end the tuning.
     ``raindrop`` (default: ``RaindropConfig(pvalue=pvalue)``) configures every task's raindrop.
     ``phases`` and ``reuse_from``: as in ``tune_kernel``, for every task. ``lowering``: how the
     model is lowered before its kernels are extracted (``Lowering``; default: NHWC on CPUs, fast
-    math, Winograd where it pays).
+    math, Winograd where it pays). ``untuned``: time the untuned build too (``side_by_side``; it is
+    always run, as the reference, for a model without an ONNX graph).
     """
     start = time.monotonic()
     tgt = parse_target(target)
@@ -162,7 +163,7 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
             result = ModelResult(canonical(tgt), model.name, 0.0, [s.result for s in sessions], stopped_by=stopped_by)
         # after the gateway is closed: its runners' devices (RPC) are free again for the model
         _compile_and_verify(result, model, fused, sessions, tgt, output, seed, start,
-                            rpc=measure.rpc if measure is not None else None)
+                            rpc=measure.rpc if measure is not None else None, untuned=untuned)
         database.note_model(model.name, {**note, "tuning_s": result.tuning_s, "latency_s": result.latency_s,
                                          "stopped_by": stopped_by})
     finally:
@@ -199,17 +200,19 @@ def _ms_database(sessions: list[TaskSession], target: Target) -> ms.database.Mem
 
 
 def _compile_and_verify(result: ModelResult, model: Model, fused: tvm.IRModule, sessions: list[TaskSession],
-                        target: Target, output: str | None, seed: int, start: float, rpc: dict | None = None) -> None:
+                        target: Target, output: str | None, seed: int, start: float, rpc: dict | None = None,
+                        untuned: bool = False) -> None:
     """Compile with every task's best record (``result.tuning_s`` ends there, counted from ``start``),
-    run and time it (on the RPC device when tuning was remote: untuned and tuned builds both; ONNX
+    run and time it (on the RPC device when tuning was remote, the untuned build too when it runs; ONNX
     Runtime runs here), and check its outputs."""
-    untuned = [s.kernel.name for s in sessions if not s.result.trace_json]
-    if untuned:
-        log.warning("%d task(s) have no valid schedule and run with TVM's default: %s", len(untuned),
-                    ", ".join(untuned))
+    no_schedule = [s.kernel.name for s in sessions if not s.result.trace_json]
+    if no_schedule:
+        log.warning("%d task(s) have no valid schedule and run with TVM's default: %s", len(no_schedule),
+                    ", ".join(no_schedule))
     ex = compile_model(fused, _ms_database(sessions, target), target)
     result.tuning_s = time.monotonic() - start
-    latency, result.max_abs_error = side_by_side(model, ex, random_inputs(model, seed), target, rpc=rpc)
+    latency, result.max_abs_error = side_by_side(model, ex, random_inputs(model, seed), target, rpc=rpc,
+                                                 untuned=untuned)
     result.latency_s.update(latency)
     if output:
         _tvm.export_library(ex, output)
