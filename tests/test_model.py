@@ -187,7 +187,9 @@ def test_cli_time_budget_keeps_tuning_past_the_per_task_cap(tmp_path):
     assert all(c >= 2 for c in counts) and max(c for c in counts) > 2, counts
     assert "stopped: the time budget" in r.stdout or "every task exhausted" in r.stdout, r.stdout[-500:]
     if "stopped: the time budget" in r.stdout:
-        assert doc["tuning_s"] >= 45
+        # spent, not overrun: the search stops when what is left is what verifying every task's
+        # best and compiling the model take (it used to run to 45 s and verify after it)
+        assert 45 / 2 <= doc["tuning_s"] <= 50, doc["tuning_s"]
     assert "Share" in r.stdout  # each task's share of the model's time
     assert so.stat().st_size > 0
     assert "Scope Saving" not in r.stderr
