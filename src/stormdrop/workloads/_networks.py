@@ -1,4 +1,5 @@
-"""The zoo's networks, one builder function each (see ``zoo`` for the conventions)."""
+"""The zoo's image networks, one builder function each (see ``zoo`` for the conventions; the
+sequence models are in ``_transformers``)."""
 
 from __future__ import annotations
 
@@ -391,68 +392,3 @@ def shufflenet_v2_x1_0(batch: int, res: int, seed: int) -> onnx.ModelProto:
             x = _shuffle(g, g.concat([b1, b2]))
     x = g.conv_act(x, 1024, 1)
     return _classifier(g, x)
-
-
-# ------------------------------------------------------------------------------ BERT
-
-
-def bert_base(batch: int, seq: int, seed: int, *, layers: int = 12) -> onnx.ModelProto:
-    """BERT-base encoder: post-LN layers of 12-head self-attention + GELU FFN (3072)."""
-    hidden, heads, ffn = 768, 12, 3072
-    dh = hidden // heads
-    g = GraphBuilder("bert_base", seed)
-    x = g.input("input", (batch, seq, hidden))
-    scale = g.const(1.0 / dh**0.5)
-
-    def split_heads(t: str) -> str:  # [B, S, H] -> [B, heads, S, dh]
-        return g.transpose(g.reshape(t, (batch, seq, heads, dh)), (0, 2, 1, 3))
-
-    for _ in range(layers):
-        q = split_heads(g.linear(x, hidden, gain=0.7))
-        kt = g.transpose(g.reshape(g.linear(x, hidden, gain=0.7), (batch, seq, heads, dh)),
-                         (0, 2, 3, 1))  # [B, heads, dh, S]
-        v = split_heads(g.linear(x, hidden, gain=0.7))
-        probs = g.softmax(g.mul(g.matmul(q, kt), scale), axis=-1)
-        ctx = g.transpose(g.matmul(probs, v), (0, 2, 1, 3))
-        ctx = g.reshape(ctx, (batch, seq, hidden))
-        x = g.layernorm(g.add(g.linear(ctx, hidden, gain=0.7), x), eps=1e-12)
-        h = g.gelu(g.linear(x, ffn))
-        x = g.layernorm(g.add(g.linear(h, hidden, gain=0.7), x), eps=1e-12)
-    g.output(x)
-    return g.model()
-
-
-# ------------------------------------------------------------------------------ registry
-
-
-# ------------------------------------------------------------------------------ MobileBERT
-
-
-def mobilebert(batch: int, seq: int, seed: int, *, layers: int = 24) -> onnx.ModelProto:
-    """MobileBERT encoder (Sun et al. 2020; Hugging Face's MobileBertLayer): hidden 512, bottleneck
-    128, 4 heads, NoNorm, ReLU, four stacked FFNs; Q and K share one bottleneck of the hidden
-    state, V reads the 512-wide hidden state itself."""
-    hidden, inner, heads, ffn = 512, 128, 4, 512
-    dh = inner // heads
-    g = GraphBuilder("mobilebert", seed)
-    x = g.input("input", (batch, seq, hidden))
-    scale = g.const(1.0 / dh**0.5)
-
-    def split_heads(t: str) -> str:  # [B, S, 128] -> [B, heads, S, dh]
-        return g.transpose(g.reshape(t, (batch, seq, heads, dh)), (0, 2, 1, 3))
-
-    for _ in range(layers):
-        layer_input = g.nonorm(g.linear(x, inner))  # input bottleneck
-        shared = g.nonorm(g.linear(x, inner))  # Q/K's shared bottleneck
-        q = split_heads(g.linear(shared, inner, gain=0.7))
-        kt = g.transpose(g.reshape(g.linear(shared, inner, gain=0.7), (batch, seq, heads, dh)), (0, 2, 3, 1))
-        v = split_heads(g.linear(x, inner, gain=0.7))
-        probs = g.softmax(g.mul(g.matmul(q, kt), scale), axis=-1)
-        ctx = g.reshape(g.transpose(g.matmul(probs, v), (0, 2, 1, 3)), (batch, seq, inner))
-        h = g.nonorm(g.add(g.linear(ctx, inner, gain=0.7), layer_input))
-        for _ in range(4):  # three extra FFNs, then the layer's own
-            f = g.linear(g.relu(g.linear(h, ffn)), inner, gain=0.7)
-            h = g.nonorm(g.add(f, h))
-        x = g.nonorm(g.add(g.linear(h, hidden, gain=0.7), x))  # output bottleneck back to 512
-    g.output(x)
-    return g.model()

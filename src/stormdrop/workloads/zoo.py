@@ -32,14 +32,12 @@ import onnx
 from ..errors import SpecError
 from ._networks import (
     alexnet,
-    bert_base,
     densenet,
     efficientnet_b0,
     efficientnet_b4,
     googlenet,
     inception_v3,
     mnasnet1_0,
-    mobilebert,
     mobilenet_v2,
     resnet18,
     resnet34,
@@ -50,6 +48,7 @@ from ._networks import (
     squeezenet1_0,
     vgg,
 )
+from ._transformers import bert_base, mobilebert
 
 
 class ZooEntry(NamedTuple):
