@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from tvm.target import Target
 
 from .database import Database, default_db_path
-from .driver import Budget, drive
+from .driver import Budget, drive, measured
 from .errors import TuningError
 from .measure import Gateway, MeasureConfig
 from .raindrop import RaindropConfig
@@ -85,10 +85,8 @@ def tune_kernel(kernel: str | Kernel, *, target: str | dict | Target | None = No
         for d in donor_dbs:
             d.close()
     if not task.result.trace_json:  # no valid schedule re-measured (checked unless checking is off)
-        t = task.result.trials
-        measured = t["reuse"] + t["storm"] + t["raindrop"]
-        raise TuningError(f"{k.name}: no valid, verified schedule was found "
-                          f"({t['failed']} of {measured} candidates measured by this run failed)")
+        raise TuningError(f"{k.name}: no valid, verified schedule was found ({task.result.trials['failed']} of "
+                          f"{measured(task)} candidates measured by this run failed)")
     return TuneResult(canonical(tgt), time.monotonic() - start, [task.result])
 
 
