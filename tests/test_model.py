@@ -17,6 +17,7 @@ from tvm import relax
 from stormdrop.database import Database
 from stormdrop.errors import SpecError
 from stormdrop.layout import weight_transforms
+from stormdrop.model_bench import deployed_keys
 from stormdrop.model_run import apply_records, commit_best, interleaved
 from stormdrop.model_tune import extract_tasks, tune_model
 from stormdrop.target import canonical, host_target
@@ -78,6 +79,15 @@ def test_tiny_onnx_network_tuned_compiled_and_matched(tmp_path):
     assert weight_transforms(apply_records(fused, mdb, host_target())) == 0
     doc = result.to_json()
     assert set(doc["latency_s"]) == {"untuned", "tuned", "onnxruntime"}
+    # Every task deploys one of its stored records (its best, or another of its 3 best that ran
+    # faster inside the compiled model), noted in the database for `bench` to compile the same.
+    key = canonical(host_target())
+    with Database(tmp_path / "m.db") as db:
+        noted = deployed_keys(db, "tiny", key)
+        deployed = [db.lookup(int(wid), key, k) for wid, k in noted.items()]
+        assert deployed_keys(db, "tiny", "llvm -some-other-target") == {}
+    assert len(noted) == len(result.tasks) and all(r is not None and r.ok for r in deployed)
+    assert set(doc["in_model_choice"]["deployed"]) <= {t.name for t in result.tasks}
 
     # `stormdrop bench --model` compiles from the same database: every task tuned, output checked.
     js = tmp_path / "bench.json"
@@ -89,6 +99,7 @@ def test_tiny_onnx_network_tuned_compiled_and_matched(tmp_path):
     assert all(t["latency_s"] is not None and t["trials"] > 0 for t in bench["tasks"])
     assert bench["latency_s"]["tuned"] > 0 and bench["latency_s"]["onnxruntime"] > 0
     assert bench["max_abs_error"] < 1e-3
+    assert sorted(t["latency_s"] for t in bench["tasks"]) == sorted(r.mean for r in deployed)
     assert f"{len(result.tasks)}/{len(result.tasks)} tasks tuned" in r.stdout
     # Each task's kernel is also timed inside the model: the convolutions and the dense layer
     # are called in every run, and their time there cannot exceed a few runs of the whole model.

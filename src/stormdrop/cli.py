@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--combine-matmuls", action="store_true",
                    help="model: matmuls of one input by constant weights (Q/K/V) as one GEMM and a split")
     t.add_argument("--output", default=None, metavar="PATH", help="model: write the compiled model (.so)")
+    t.add_argument("--in-model-candidates", type=_positive(int), default=3, metavar="K",
+                   help="model: each task deploys whichever of its K best records runs fastest inside the compiled "
+                        "model, each kernel timed in place (K model compiles after tuning; 1: the best as tuned). "
+                        "Default 3")
     t.add_argument("--untuned", action="store_true",
                    help="model: compile and time the untuned build too (naive loops on CPUs: minutes for BERT-base; "
                         "always run as the reference for a model without an ONNX graph)")
@@ -241,8 +245,12 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
                         seed=args.seed, pvalue=args.pvalue, output=args.output, measure=_measure_config(args),
                         storm=StormConfig(batch_size=max(1, args.batch_size), prior=args.prior),
                         reuse=max(0, args.reuse), lowering=_lowering(args), raindrop=raindrop, progress=not args.no_progress, phases=phases,
-                        reuse_from=args.reuse_from, untuned=args.untuned)
+                        reuse_from=args.reuse_from, untuned=args.untuned,
+                        in_model_candidates=args.in_model_candidates)
     print(task_table(result.tasks))
+    if result.deployed:
+        print(f"in-model choice: {len(result.deployed)} task(s) deploy another of their best records: model "
+              f"{result.choice_s['chosen_s'] * 1e3:.3f} ms (best records: {result.choice_s['best_s'] * 1e3:.3f} ms)")
     lat = result.latency_s
     fmt = lambda v: "n/a" if v is None else f"{v * 1e3:.3f} ms"  # noqa: E731
     untuned = "" if lat.get("untuned") is None else f"untuned {fmt(lat['untuned'])}, "

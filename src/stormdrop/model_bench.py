@@ -1,7 +1,8 @@
 """``stormdrop bench --model``: one model, side by side on the same inputs.
 
-Untuned TVM, TVM compiled with the best stored record of every task (from the
-database, nothing is tuned here), ONNX Runtime (ONNX and zoo models) and
+Untuned TVM, TVM compiled with every task's deployed record (from the database,
+nothing is tuned here: the record the model's last tune chose inside the model,
+``model_choice``, else the best stored one), ONNX Runtime (ONNX and zoo models) and
 PyTorch (``torch.export`` programs, when torch is installed). The tuned build
 must match the reference (ONNX Runtime, else the untuned build) before its
 latency is reported.
@@ -66,17 +67,27 @@ class BenchResult:
                 "max_abs_error": self.max_abs_error, "tasks": [t.to_json() for t in self.tasks]}
 
 
-def tuned_build(model: Model, db: Database, target: Target, lowering: Lowering | None = None
-                ) -> tuple[Any, list[TaskRow]]:
-    """The model compiled with the best stored record of every task, and one row per task
-    (``lowering``: as the model was tuned)."""
+def deployed_keys(db: Database, model: str, target: str) -> dict[str, str]:
+    """Workload id -> the candidate key the model's last tune on ``target`` deployed (its
+    note's ``deployed``; {} for a model tuned before it was noted, or on another target)."""
+    note = db.model_notes().get(model, {})
+    return note.get("deployed") or {} if note.get("target") == target else {}
+
+
+def tuned_build(model: Model, db: Database, target: Target, lowering: Lowering | None = None,
+                deployed: bool = True) -> tuple[Any, list[TaskRow]]:
+    """The model compiled with every task's deployed record (``deployed_keys``; ``deployed=False``
+    or none noted: the best stored one), and one row per task (``lowering``: as the model was tuned)."""
     key = canonical(target)
     fused, tasks = extract_tasks(model, target, lowering)
+    chosen = deployed_keys(db, model.name, key) if deployed else {}
     mdb = ms.database.MemoryDatabase()
     rows = []
     for kernel, weight in tasks:
         entry = db.find_workload(kernel.mod)
-        best = db.best(entry.workload_id, key, k=1) if entry else []
+        noted = db.lookup(entry.workload_id, key, chosen[str(entry.workload_id)]) if (
+            entry and str(entry.workload_id) in chosen) else None
+        best = [noted] if noted is not None and noted.ok else db.best(entry.workload_id, key, k=1) if entry else []
         rows.append(TaskRow(kernel.name, weight, kernel.flops, best[0].mean if best else None,
                             db.count(entry.workload_id, key) if entry else 0))
         if best:

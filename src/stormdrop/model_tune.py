@@ -21,11 +21,12 @@ import tvm.s_tir.meta_schedule as ms
 from tvm.target import Target
 
 from . import _tvm
-from .database import Database, default_db_path
+from .database import Database, candidate_key, default_db_path
 from .display import ModelDisplay, TaskLine, eta_s
 from .driver import Budget, drive, measured
 from .lowering import Lowering
 from .measure import Gateway, MeasureConfig
+from .model_choice import Candidate, choose
 from .model_run import (
     commit_best,
     compile_model,
@@ -55,10 +56,15 @@ class ModelResult:
     latency_s: dict[str, float | None] = field(default_factory=dict)
     max_abs_error: float | None = None
     stopped_by: str = ""  # what ended the tuning: the trial budget, the time budget, or every task's cap
+    # the in-model choice (``model_choice``): task name -> the rank of its deployed candidate (0: its
+    # best record as tuned), and the models' latencies with the best records / with the choice
+    deployed: dict[str, int] = field(default_factory=dict)
+    choice_s: dict[str, float | None] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"target": self.target, "model": self.model, "tuning_s": round(self.tuning_s, 3),
-                "latency_s": dict(self.latency_s), "tasks": [t.to_json() for t in self.tasks]}
+                "latency_s": dict(self.latency_s), "tasks": [t.to_json() for t in self.tasks],
+                "in_model_choice": {"deployed": dict(self.deployed), **self.choice_s}}
 
 
 def op_class(mod: tvm.IRModule, task_name: str = "") -> str:
@@ -106,7 +112,7 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
                resolution: int | None = None, seq_len: int | None = None, reuse: int = 8,
                lowering: Lowering | None = None, raindrop: RaindropConfig | None = None,
                progress: bool = False, phases: Sequence[Phase] = PHASES,
-               reuse_from: Sequence[str] = (), untuned: bool = False) -> ModelResult:
+               reuse_from: Sequence[str] = (), untuned: bool = False, in_model_candidates: int = 3) -> ModelResult:
     """Tune every task of a model under a global trial and time budget, then compile and verify.
 
     ``trials=None``: no global cap; the time budget and ``trials_per_task`` end the tuning.
@@ -114,13 +120,17 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
     ``phases`` and ``reuse_from``: as in ``tune_kernel``, for every task. ``lowering``: how the
     model is lowered before its kernels are extracted (``Lowering``; default: NHWC on CPUs, fast
     math, Winograd where it pays). ``untuned``: time the untuned build too (``side_by_side``; it is
-    always run, as the reference, for a model without an ONNX graph).
+    always run, as the reference, for a model without an ONNX graph). ``in_model_candidates``: each
+    task deploys the fastest inside the compiled model of its best that many records (``model_choice``;
+    1: the best record as tuned; local devices only, the kernels being timed in place by a VM instrument).
     """
     start = time.monotonic()
     tgt = parse_target(target)
     model = spec if isinstance(spec, Model) else load_model(
         spec, input_shapes=input_shapes, batch=batch, resolution=resolution, seq_len=seq_len, seed=seed)
     deadline = start + time_budget if time_budget else float("inf")
+    if measure is not None and measure.rpc:
+        in_model_candidates = 1  # the VM instrument times kernels only in this process
     fused, tasks = extract_tasks(model, tgt, lowering)
     storm_per_task = max(1, trials_per_task // 2)
     own_db = not isinstance(db, Database)
@@ -157,15 +167,16 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
                              lines, current=i)
 
             budget = Budget(trials=trials, deadline=deadline, extend=bool(time_budget), per_task_cap=trials_per_task,
-                            builds_after=len(tasks))
+                            builds_after=len(tasks) * model_compiles(in_model_candidates))
             stopped_by = drive(tuners, sessions, [w for _, w in tasks], budget, used=used, seed=seed, storm=storm,
                                on_step=show)
             result = ModelResult(canonical(tgt), model.name, 0.0, [s.result for s in sessions], stopped_by=stopped_by)
         # after the gateway is closed: its runners' devices (RPC) are free again for the model
-        _compile_and_verify(result, model, fused, sessions, tgt, output, seed, start,
-                            rpc=measure.rpc if measure is not None else None, untuned=untuned)
+        deployed = _compile_and_verify(result, model, fused, sessions, tgt, output, seed, start,
+                                       rpc=measure.rpc if measure is not None else None, untuned=untuned,
+                                       candidates=in_model_candidates)
         database.note_model(model.name, {**note, "tuning_s": result.tuning_s, "latency_s": result.latency_s,
-                                         "stopped_by": stopped_by})
+                                         "stopped_by": stopped_by, "deployed": deployed})
     finally:
         if display is not None:
             display.close()
@@ -189,30 +200,65 @@ def first_batch_size(trials: int | None, num_tasks: int, batch: int) -> int | No
     return max(2, trials // num_tasks)
 
 
-def _ms_database(sessions: list[TaskSession], target: Target) -> ms.database.MemoryDatabase:
-    """A MetaSchedule database holding the best record of each task that ran again after tuning
-    (``verify_best``; checked against the reference unless checking was turned off)."""
+def model_compiles(in_model_candidates: int) -> int:
+    """Compiles of the model after tuning: one, or with an in-model choice among k candidates,
+    one per rank and one of the choice."""
+    return 1 if in_model_candidates < 2 else in_model_candidates + 1
+
+
+def ranked_candidates(session: TaskSession, k: int) -> list[Candidate]:
+    """The task's best record as verified after tuning (``verify_best``), then the next records
+    by stored time, ``k`` in all. Records ranked above the verified one failed verification
+    and are never candidates."""
+    if not session.result.trace_json:
+        return []
+    first = Candidate(session.result.trace_json, session.result.latency_s or 0.0,
+                      candidate_key(session.result.trace_json))
+    if k < 2:
+        return [first]
+    records = session.db.best(session.entry.workload_id, session.target_key, k=session.result.fallbacks + k)
+    rest = [Candidate(r.trace_json, r.mean, r.candidate_key) for r in records[session.result.fallbacks:]
+            if r.candidate_key != first.candidate_key]
+    return [first] + rest[:k - 1]
+
+
+def _ms_database(sessions: list[TaskSession], ranked: list[list[Candidate]], picks: list[int],
+                 target: Target) -> ms.database.MemoryDatabase:
+    """A MetaSchedule database holding candidate ``picks[i]`` of each task that has one."""
     mdb = ms.database.MemoryDatabase()
-    for s in sessions:
-        if s.result.trace_json:
-            commit_best(mdb, s.kernel.mod, s.result.trace_json, s.result.latency_s, target)
+    for s, cands, pick in zip(sessions, ranked, picks):
+        if cands:
+            c = cands[min(pick, len(cands) - 1)]
+            commit_best(mdb, s.kernel.mod, c.trace_json, c.latency_s, target)
     return mdb
 
 
 def _compile_and_verify(result: ModelResult, model: Model, fused: tvm.IRModule, sessions: list[TaskSession],
                         target: Target, output: str | None, seed: int, start: float, rpc: dict | None = None,
-                        untuned: bool = False) -> None:
-    """Compile with every task's best record (``result.tuning_s`` ends there, counted from ``start``),
-    run and time it (on the RPC device when tuning was remote, the untuned build too when it runs; ONNX
-    Runtime runs here), and check its outputs."""
+                        untuned: bool = False, candidates: int = 1) -> dict[str, str]:
+    """Compile with every task's best record, or with the in-model choice among its ``candidates``
+    best (``model_choice``; ``result.tuning_s`` ends at the compiled model, counted from ``start``),
+    run and time it (on the RPC device when tuning was remote, the untuned build too when it runs;
+    ONNX Runtime runs here), and check its outputs. Returns workload id -> the deployed candidate's key."""
     no_schedule = [s.kernel.name for s in sessions if not s.result.trace_json]
     if no_schedule:
         log.warning("%d task(s) have no valid schedule and run with TVM's default: %s", len(no_schedule),
                     ", ".join(no_schedule))
-    ex = compile_model(fused, _ms_database(sessions, target), target)
+    ranked = [ranked_candidates(s, candidates) for s in sessions]
+    inputs = random_inputs(model, seed)
+    choice = choose([s.kernel.name for s in sessions], ranked,
+                    lambda picks: compile_model(fused, _ms_database(sessions, ranked, picks, target), target),
+                    inputs, target)
+    ex = choice.executable
     result.tuning_s = time.monotonic() - start
-    latency, result.max_abs_error = side_by_side(model, ex, random_inputs(model, seed), target, rpc=rpc,
-                                                 untuned=untuned)
+    result.deployed = {s.kernel.name: p for s, p in zip(sessions, choice.picks) if p}
+    result.choice_s = {"best_s": choice.best_s, "chosen_s": choice.chosen_s}
+    if choice.chosen_s is not None:
+        log.info("in-model choice: %d task(s) deploy another of their best records: %.3f ms (best records: %.3f ms)",
+                 choice.changed, choice.chosen_s * 1e3, choice.best_s * 1e3)
+    latency, result.max_abs_error = side_by_side(model, ex, inputs, target, rpc=rpc, untuned=untuned)
     result.latency_s.update(latency)
     if output:
         _tvm.export_library(ex, output)
+    return {str(s.entry.workload_id): cands[min(p, len(cands) - 1)].candidate_key
+            for s, cands, p in zip(sessions, ranked, choice.picks) if cands}
