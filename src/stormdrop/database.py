@@ -14,10 +14,8 @@ import hashlib
 import json
 import math
 import os
-import socket
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -27,26 +25,11 @@ import tvm
 import tvm.s_tir.meta_schedule as ms
 import tvm_ffi
 
+from ._claims import Claims
 from ._schema import RECORD_COLS, WORKLOAD_COLS, open_connection, record_from_row
 from .errors import DatabaseError, one_line
 from .records import ErrorKind, MeasureResult, Phase, Record
 from .target import canonical, from_canonical
-
-CLAIM_STALE_S = 300.0  # a claim not refreshed for this long belongs to a dead tuner (results come every <= 90 s)
-
-
-def _alive(owner: str, heartbeat: float, now: float) -> bool:
-    """Whether a claim's owner (``host:pid:nonce``) may still be measuring: on this host, while its
-    process exists; elsewhere, while its heartbeat is recent."""
-    host, _, rest = owner.partition(":")
-    if host == socket.gethostname():
-        try:
-            os.kill(int(rest.partition(":")[0]), 0)
-        except ProcessLookupError:
-            return False
-        except (ValueError, PermissionError):
-            pass
-    return now - float(heartbeat) < CLAIM_STALE_S
 
 
 def canonical_target(target: tvm.target.Target | dict | str) -> str:
@@ -89,7 +72,7 @@ class WorkloadEntry:
     mod: tvm.IRModule = field(compare=False, repr=False)
 
 
-class Database:
+class Database(Claims):
     """A stormdrop SQLite database (created with its schema if the file is new)."""
 
     def __init__(self, path: str | os.PathLike, *, read_only: bool = False) -> None:
@@ -348,42 +331,6 @@ class Database:
             (int(workload_id), target),
         )
         return int(rows[0][0])
-
-    # -- claims: concurrent tuners on one database ------------------------------------------
-
-    def claim(self, workload_id: int, target: str, keys: list[str], owner: str) -> set[str]:
-        """Claim candidates for ``owner`` before measuring them; returns the keys not to measure: held
-        by another live owner (wait for their records) or measured meanwhile. A claim whose owner
-        has not been heard of for ``CLAIM_STALE_S`` seconds (a killed tuner) is taken over."""
-        now, taken = time.time(), set()
-        with self.transaction():
-            for key in keys:
-                row = self._query("SELECT owner, heartbeat FROM claims WHERE workload_id=? AND target=? AND"
-                                  " candidate_key=?", (int(workload_id), target, key))
-                if row and row[0][0] != owner and _alive(*row[0], now):
-                    taken.add(key)
-                    continue
-                done = self._query("SELECT error, attempts FROM records WHERE workload_id=? AND target=? AND"
-                                   " candidate_key=?", (int(workload_id), target, key))
-                if done and not (done[0][0] and ErrorKind(done[0][0]).retryable and int(done[0][1]) < 2):
-                    taken.add(key)  # committed since the caller looked: its record is the result
-                    continue
-                self._query("INSERT OR REPLACE INTO claims (workload_id, target, candidate_key, owner, heartbeat)"
-                            " VALUES (?, ?, ?, ?, ?)", (int(workload_id), target, key, owner, now))
-        return taken
-
-    def claimed(self, workload_id: int, target: str, key: str) -> bool:
-        """Whether a live owner holds this candidate."""
-        row = self._query("SELECT owner, heartbeat FROM claims WHERE workload_id=? AND target=? AND candidate_key=?",
-                          (int(workload_id), target, key))
-        return bool(row) and _alive(*row[0], time.time())
-
-    def release(self, workload_id: int, target: str, key: str, owner: str) -> None:
-        """Drop ``owner``'s claim (after its record is committed) and keep its other claims alive."""
-        with self.transaction():
-            self._query("DELETE FROM claims WHERE workload_id=? AND target=? AND candidate_key=? AND owner=?",
-                        (int(workload_id), target, key, owner))
-            self._query("UPDATE claims SET heartbeat=? WHERE owner=?", (time.time(), owner))
 
     # -- model runs -----------------------------------------------------------------------
 
