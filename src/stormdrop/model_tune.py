@@ -253,7 +253,7 @@ def _compile_and_verify(result: ModelResult, model: Model, fused: tvm.IRModule, 
     result.tuning_s = time.monotonic() - start
     result.deployed = {s.kernel.name: p for s, p in zip(sessions, choice.picks) if p}
     result.choice_s = {"best_s": choice.best_s, "chosen_s": choice.chosen_s}
-    if choice.chosen_s is not None:
+    if choice.changed:
         log.info("in-model choice: %d task(s) deploy another of their best records: %.3f ms (best records: %.3f ms)",
                  choice.changed, choice.chosen_s * 1e3, choice.best_s * 1e3)
     latency, result.max_abs_error = side_by_side(model, ex, inputs, target, rpc=rpc, untuned=untuned)
