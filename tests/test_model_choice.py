@@ -46,7 +46,7 @@ def test_each_task_takes_its_fastest_candidate_in_place(fake_timing):
     assert choice.picks == [2, 0, 0] and choice.changed == 1
     assert choice.executable == (2, 0, 0) and choice.best_s == 50e-6 and choice.chosen_s == 40e-6
     assert built == [(0, 0, 0), (1, 1, 0), (2, 2, 0), (2, 0, 0)]  # one build per rank, one of the choice
-    assert calls["kernel"] == 2 * 3  # every rank's build timed in each of the 2 rounds
+    assert calls["kernel"] == 3 * 3  # every rank's build timed in a warm-up round and in each of the 2 rounds
 
 
 def test_a_choice_slower_as_a_whole_model_is_not_deployed(fake_timing):

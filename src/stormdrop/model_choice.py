@@ -9,7 +9,10 @@ a few percent apart alone can be further apart, or swap places, in the model.
 So after tuning, the model is compiled once per rank: the i-th time with every task's i-th
 candidate (0: the best record as tuned and verified, then the next-best records). Every
 kernel call is timed in place (``model_run.kernel_times``), the builds taking turns over
-``rounds`` rounds, and each task keeps the candidate that was fastest in place. The model so
+``rounds`` rounds in alternating order after a warm-up round that is not counted (a build's
+first timings run up to 40% slow: with the builds in a fixed order and no warm-up, the last
+rank won most tasks on mobilenet_v2), and each task keeps the candidate whose fastest round
+was fastest in place. The model so
 chosen is deployed only if it also runs faster as a whole than the rank-0 model, both timed in
 turns: noise in the per-kernel times can cost nothing but the compiles.
 """
@@ -66,16 +69,18 @@ def choose(names: Sequence[str], ranked: Sequence[Sequence[Candidate]], build: C
         return Choice([0] * len(ranked), base)
     variants = [base] + [build([min(rank, len(r) - 1) for r in ranked]) for rank in range(1, depth)]
     samples: list[list[list[float]]] = [[[] for _ in range(depth)] for _ in ranked]
-    for _ in range(rounds):
-        for rank, ex in enumerate(variants):
-            times = {symbol.removesuffix("_prepacked"): s for symbol, s in kernel_times(ex, inputs, target, runs).items()}
+    for rnd in range(rounds + 1):  # round 0 warms every build up and is not counted
+        order = list(enumerate(variants))
+        for rank, ex in order if rnd % 2 else order[::-1]:
+            times = {symbol.removesuffix("_prepacked"): s
+                     for symbol, s in kernel_times(ex, inputs, target, runs if rnd else 2).items()}
             for i, (name, cands) in enumerate(zip(names, ranked)):
-                if rank < len(cands) and name in times:
+                if rnd and rank < len(cands) and name in times:
                     samples[i][rank].append(times[name])
     picks = []
     for per_rank in samples:
-        medians = {rank: float(np.median(v)) for rank, v in enumerate(per_rank) if v}
-        picks.append(min(medians, key=medians.get) if medians else 0)
+        fastest = {rank: min(v) for rank, v in enumerate(per_rank) if v}
+        picks.append(min(fastest, key=fastest.get) if fastest else 0)
     if not any(picks):
         return Choice(picks, base)
     chosen = build(picks)
