@@ -40,7 +40,7 @@ def test_cuda_candidates_are_sampled_and_built_to_device_code(tmp_path, arch):
     text = cands[0].sch.mod.script()
     assert "threadIdx.x" in text and "blockIdx" in text  # bound to the GPU's threads
     built = _worker._build(target, tvm.ir.save_json(cands[0].mod), str(tmp_path / "c0.so"))
-    assert _device_code(built["timed"]) and built["check"] is None
+    assert _device_code(built["timed"]) and built["pack"] is None
 
     # the raindrop's coordinates cover the CUDA decisions, and neighbours replay and build
     space = DecisionSpace(kernel.mod, storm.ctx.space_generator.postprocs, cands[0].sch.trace, num_cores=1)

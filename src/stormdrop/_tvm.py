@@ -33,8 +33,9 @@
   variables; an imported model's are inline constants, so it merged nothing.
   ``combine_parallel_matmuls`` binds them to variables first, runs the pass, and folds
   the concatenated weights back into constants.
-- A candidate library that allocates a large intermediate buffer (e.g. the ``main_check``
-  function of a packed-weight candidate, which re-lays the weights out itself) leaves that
+- A candidate library that allocates a large intermediate buffer (e.g. a packed-weight
+  kernel that re-lays its weights out itself, as the checked function did before
+  ``prepack.split``) leaves that
   memory behind when the library is unloaded: ~9 MB per BERT-base FFN candidate, so a
   runner process grew by ~1 GB a minute and a 30-minute BERT tune ran the machine out of
   memory (every build then timed out). The same library loaded once and called again does

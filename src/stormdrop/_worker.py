@@ -59,31 +59,34 @@ def serve(conn: Any, role: str, target_json: str, rpc: dict | None) -> None:
 
 
 def _build(target: Any, mod_json: str, out_path: str) -> dict:
-    """Build a candidate; returns ``{"timed": path, "check": function | None, "args": [[shape, dtype]...]}``.
+    """Build a candidate; returns ``{"timed": path, "args": [[shape, dtype]...], "pack": plan | None}``.
 
-    MetaSchedule's ``RewriteLayout`` postprocessor packs weights marked
-    ``layout_free_placeholders`` (e.g. TOPI's NHWC convolution) through a
-    preprocessing block. As in MetaSchedule's builder, the timed library has it
-    removed: it takes the weights already packed (their shapes in ``args``),
-    the way a compiled model holds them. Its outputs cannot be compared with the
-    reference on the original inputs, so a second function that keeps the block
-    (takes the weights as given), ``main_check``, is built into the same library
-    for the correctness check (one build and one link instead of two).
+    A candidate whose schedule packs its weights (MetaSchedule's ``RewriteLayout``) is cut
+    the way a compiled model cuts it (``prepack.split``): the library holds ``main``, the
+    kernel on packed weights, the function a model deploys, and ``pack``, the weights' layout
+    rewrite, which a model runs once at compile time. The runner packs the reference
+    weights with ``pack`` and checks and times ``main`` itself on them. ``plan``: the pack's
+    inputs (the kernel's parameter indices) and output shapes, and where each of ``main``'s
+    arguments comes from (``prepack.Split``). A candidate the cut fails on is a build error:
+    a model could not deploy it either.
     """
     import tvm
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
-    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    from .prepack import split
+
+    def shapes(func: Any) -> list:
+        return [[[int(x) for x in a.shape], str(a.dtype)] for a in ArgInfo.from_prim_func(func)]
 
     mod = tvm.ir.load_json(mod_json)
-    timed = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    before = [(tuple(int(x) for x in a.shape), str(a.dtype)) for a in ArgInfo.from_prim_func(mod["main"])]
-    after = [(tuple(int(x) for x in a.shape), str(a.dtype)) for a in ArgInfo.from_prim_func(timed["main"])]
-    packed = before != after
-    if packed:
-        timed = tvm.IRModule({"main": timed["main"],
-                              "main_check": mod["main"].with_attr("global_symbol", "main_check")})
-    tvm.build(timed, target=target).export_library(out_path)
-    return {"timed": out_path, "check": "main_check" if packed else None, "args": [[list(s), d] for s, d in after]}
+    cut = split(mod) if target.kind.name == "llvm" else None  # RewriteLayout is a CPU postprocessor
+    if cut is None:
+        tvm.build(mod, target=target).export_library(out_path)
+        return {"timed": out_path, "args": shapes(mod["main"]), "pack": None}
+    tvm.build(tvm.IRModule({"main": cut.compute, "pack": cut.pack}), target=target).export_library(out_path)
+    plan = {"inputs": list(cut.pack_inputs), "outputs": shapes(cut.pack)[len(cut.pack_inputs):],
+            "args": [list(a) for a in cut.compute_args]}
+    return {"timed": out_path, "args": shapes(cut.compute), "pack": plan}
 
 
 class DeviceLost(RuntimeError):
@@ -234,32 +237,34 @@ class _RunnerState:
             return self.session.load_module(os.path.basename(artifact))
         return tvm.runtime.load_module(artifact)
 
-    def _timing_args(self, key: str, shapes: list) -> list[Any]:
-        """The reference inputs, except packed weights (other shapes): random arrays of their shape."""
+    def _args(self, key: str, rt_mod: Any, plan: dict | None) -> tuple[list[Any], list[int]]:
+        """``main``'s arguments on the device, and the kernel parameter each one is (-1: a packed
+        weight): the reference inputs, their weights packed by the library's ``pack`` when it has one."""
         import numpy as np
         import tvm
 
-        out = []
-        for i, (shape, dtype) in enumerate(shapes):
-            given = self.inputs[key][i] if i < len(self.inputs[key]) else None
-            if given is None or list(given.shape) != list(shape) or str(given.dtype) != dtype:
-                given = np.random.default_rng(i).uniform(-1.0, 1.0, size=shape).astype(dtype)
-            out.append(tvm.runtime.tensor(given, self.dev))
-        return out
+        inputs = self.inputs[key]
+        if plan is None:
+            return [tvm.runtime.tensor(a, self.dev) for a in inputs], list(range(len(inputs)))
+        packed = [tvm.runtime.tensor(np.zeros(shape, dtype), self.dev) for shape, dtype in plan["outputs"]]
+        rt_mod["pack"](*[tvm.runtime.tensor(inputs[i], self.dev) for i in plan["inputs"]], *packed)
+        args = [tvm.runtime.tensor(inputs[i], self.dev) if kind == "arg" else packed[i] for kind, i in plan["args"]]
+        return args, [i if kind == "arg" else -1 for kind, i in plan["args"]]
 
     def _run(self, key: str, built: dict, number: int, repeat: int, min_repeat_ms: float,
              cache_flush: bool, check: bool) -> dict:
         import numpy as np
-        import tvm
 
         rt_mod = self._load(built["timed"])
-        args = [tvm.runtime.tensor(a, self.dev) for a in self.inputs[key]]
+        args, params = self._args(key, rt_mod, built.get("pack"))
         wrong = ""
         if check:
-            rt_mod[built.get("check") or "main"](*args)
+            rt_mod["main"](*args)
             self.dev.sync()
-            for i in self.outputs[key]:
-                got, want = args[i].numpy(), self.expected[key][i]
+            for arg, i in zip(args, params):
+                if i not in self.outputs[key]:
+                    continue
+                got, want = arg.numpy(), self.expected[key][i]
                 if got.shape != want.shape:
                     wrong = f"output {i}: shape {got.shape} != {want.shape}"
                     break
@@ -281,8 +286,7 @@ class _RunnerState:
             "main", self.dev, number=int(number), repeat=int(repeat), min_repeat_ms=int(min_repeat_ms),
             f_preproc="cache_flush_cpu_non_first_arg" if cache_flush else "",
         )
-        timing_args = self._timing_args(key, built["args"]) if built.get("check") else args
-        secs = [float(x) for x in evaluator(*timing_args).results]
+        secs = [float(x) for x in evaluator(*args).results]
         if self.session is not None:
             self.session.remove(os.path.basename(built["timed"]))
         return {"run_secs": secs}
