@@ -43,6 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="stormdrop's convolution layout (MetaSchedule tunes the same fused module)")
     p.add_argument("--winograd", default="auto", choices=["auto", "off", "2", "4"],
                    help="stormdrop's 3x3 convolutions as Winograd (MetaSchedule tunes the same fused module)")
+    p.add_argument("--in-model-candidates", type=int, default=1,
+                   help="stormdrop's in-model choice among each task's K best records (1: off, the default)")
     p.add_argument("--rounds", type=int, default=5,
                    help="latencies: median over this many rounds in which the peers take turns")
     p.add_argument("--seed", type=int, default=0)
@@ -118,7 +120,8 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
         try:
             r = tune_model(model, target=target, trials=None if args.time_budget else args.trials,
                            trials_per_task=args.trials_per_task, time_budget=args.time_budget,
-                           db=db_path, seed=args.seed, lowering=lowering, untuned=True)
+                           db=db_path, seed=args.seed, lowering=lowering, untuned=True,
+                           in_model_candidates=args.in_model_candidates)
             wall_s = time.monotonic() - t0  # with tune --model's own check (untuned build run, peers timed)
             with Database(db_path) as db:
                 ex, rows = tuned_build(model, db, target, lowering)
@@ -133,6 +136,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
                                                                      for t in r.tasks),
                                 "stopped_by": r.stopped_by, "flops": sum(t.flops * t.weight for t in r.tasks),
                                 "deployed": r.deployed, "best_records": {},
+                                "in_model_candidates": args.in_model_candidates,
                                 "per_task": [{"name": t.name, "weight": t.weight, "flops": t.flops,
                                               "latency_s": t.latency_s, "in_model_s": in_model.get(t.name),
                                               "trials": t.trials} for t in r.tasks]}
@@ -189,8 +193,8 @@ def breakdown(raw: list[dict], top: int = 6) -> list[str]:
                          + (f", {t['in_model_s'] / t['weight'] * 1e6:.0f} us a call in the model vs "
                             f"{t['latency_s'] * 1e6:.0f} as tuned" if t.get("in_model_s") else "") + ")"
                          for t in sorted(tasks, key=lambda t: -t["weight"] * t["latency_s"])[:top]))
-        if sd.get("best_records", {}).get("latency_s"):
-            lines.append(f"  - in-model choice: {len(sd.get('deployed', {}))} task(s) deploy another of their 3 best "
+        if sd.get("best_records", {}).get("latency_s") and sd.get("in_model_candidates", 3) > 1:
+            lines.append(f"  - in-model choice: {len(sd.get('deployed', {}))} task(s) deploy another of their best "
                          f"records; the model {sd['latency_s'] * 1e3:.2f} ms, with every task's best record "
                          f"{sd['best_records']['latency_s'] * 1e3:.2f} ms (timed in turns)")
     return lines + ([""] if lines else [])

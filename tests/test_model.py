@@ -48,7 +48,8 @@ def tiny_net(path, op="Relu"):
 def test_tiny_onnx_network_tuned_compiled_and_matched(tmp_path):
     path = tiny_net(str(tmp_path / "tiny.onnx"))
     out = tmp_path / "tiny.so"
-    result = tune_model(path, trials=24, trials_per_task=4, db=tmp_path / "m.db", output=str(out), seed=0)
+    result = tune_model(path, trials=24, trials_per_task=4, db=tmp_path / "m.db", output=str(out), seed=0,
+                        in_model_candidates=3)
     assert result.model == "tiny"
     assert len(result.tasks) >= 3  # two convolutions (with their epilogues) and the dense layer, at least
     assert all(t.verified for t in result.tasks)

@@ -112,7 +112,7 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
                resolution: int | None = None, seq_len: int | None = None, reuse: int = 8,
                lowering: Lowering | None = None, raindrop: RaindropConfig | None = None,
                progress: bool = False, phases: Sequence[Phase] = PHASES,
-               reuse_from: Sequence[str] = (), untuned: bool = False, in_model_candidates: int = 3) -> ModelResult:
+               reuse_from: Sequence[str] = (), untuned: bool = False, in_model_candidates: int = 1) -> ModelResult:
     """Tune every task of a model under a global trial and time budget, then compile and verify.
 
     ``trials=None``: no global cap; the time budget and ``trials_per_task`` end the tuning.
