@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from stormdrop import model_choice
+from stormdrop import model_choice, model_run
 from stormdrop.database import candidate_key
 from stormdrop.model_choice import Candidate, choose
 from stormdrop.model_tune import model_compiles, ranked_candidates
@@ -27,7 +27,7 @@ def fake_timing(monkeypatch):
         calls["kernel"] += 1
         return {name: secs for (picks, name), secs in kernel.items() if picks == ex}
 
-    monkeypatch.setattr(model_choice, "kernel_times", kernel_times)
+    monkeypatch.setattr(model_run, "kernel_times", kernel_times)
     monkeypatch.setattr(model_choice, "model_timer", lambda ex, inputs, target: lambda: model[ex])
     return kernel, model, calls
 

@@ -23,11 +23,11 @@ from .lowering import Lowering
 from .model_run import (
     commit_best,
     compile_model,
-    kernel_times,
     num_cores,
     random_inputs,
     run_pytorch,
     side_by_side,
+    task_times,
 )
 from .model_tune import extract_tasks
 from .target import canonical, parse_target
@@ -100,9 +100,8 @@ def tuned_build(model: Model, db: Database, target: Target, lowering: Lowering |
 
 def task_times_in_model(ex: Any, inputs: dict, target: Target, rows: list[TaskRow]) -> None:
     """Fill each row's ``in_model_s``: its kernel's time in one run of the compiled model
-    (``model_run.kernel_times``; a tuned kernel whose weights were packed at compile time
-    is named after its task with a ``_prepacked`` suffix)."""
-    times = {symbol.removesuffix("_prepacked"): secs for symbol, secs in kernel_times(ex, inputs, target).items()}
+    (``model_run.task_times``)."""
+    times = task_times(ex, inputs, target)
     for r in rows:
         r.in_model_s = times.get(r.name)
 

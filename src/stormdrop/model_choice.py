@@ -8,7 +8,7 @@ a few percent apart alone can be further apart, or swap places, in the model.
 
 So after tuning, the model is compiled once per rank: the i-th time with every task's i-th
 candidate (0: the best record as tuned and verified, then the next-best records). Every
-kernel call is timed in place (``model_run.kernel_times``), the builds taking turns over
+kernel call is timed in place (``model_run.task_times``), the builds taking turns over
 ``rounds`` rounds in alternating order after a warm-up round that is not counted (a build's
 first timings run up to 40% slow: with the builds in a fixed order and no warm-up, the last
 rank won most tasks on mobilenet_v2), and each task keeps the candidate whose fastest round
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from tvm.target import Target
 
-from .model_run import interleaved, kernel_times, model_timer
+from .model_run import interleaved, model_timer, task_times
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,7 @@ def choose(names: Sequence[str], ranked: Sequence[Sequence[Candidate]], build: C
     for rnd in range(rounds + 1):  # round 0 warms every build up and is not counted
         order = list(enumerate(variants))
         for rank, ex in order if rnd % 2 else order[::-1]:
-            times = {symbol.removesuffix("_prepacked"): s
-                     for symbol, s in kernel_times(ex, inputs, target, runs if rnd else 2).items()}
+            times = task_times(ex, inputs, target, runs if rnd else 2)
             for i, (name, cands) in enumerate(zip(names, ranked)):
                 if rnd and rank < len(cands) and name in times:
                     samples[i][rank].append(times[name])
