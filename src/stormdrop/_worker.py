@@ -72,6 +72,7 @@ def _build(target: Any, mod_json: str, out_path: str) -> dict:
     """
     import tvm
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
     from .prepack import split
 
@@ -79,7 +80,13 @@ def _build(target: Any, mod_json: str, out_path: str) -> dict:
         return [[[int(x) for x in a.shape], str(a.dtype)] for a in ArgInfo.from_prim_func(func)]
 
     mod = tvm.ir.load_json(mod_json)
-    cut = split(mod) if target.kind.name == "llvm" else None  # RewriteLayout is a CPU postprocessor
+    # only a kernel with a layout-rewrite block is cut (RewriteLayout is a CPU postprocessor):
+    # removing the block changes its parameters' shapes
+    rewrites = target.kind.name == "llvm" and shapes(
+        RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)["main"]) != shapes(mod["main"])
+    cut = split(mod) if rewrites else None
+    if rewrites and cut is None:
+        raise RuntimeError("the weights' layout rewrite could not be split off the kernel, as a model would")
     if cut is None:
         tvm.build(mod, target=target).export_library(out_path)
         return {"timed": out_path, "args": shapes(mod["main"]), "pack": None}
