@@ -125,12 +125,12 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             wall_s = time.monotonic() - t0  # with tune --model's own check (untuned build run, peers timed)
             with Database(db_path) as db:
                 ex, rows = tuned_build(model, db, target, lowering)
-                # the A/B of the in-model choice (model_choice): the same records' best, compiled
-                ex_best, _ = tuned_build(model, db, target, lowering, deployed=False)
+                if args.in_model_candidates > 1:  # the A/B of the in-model choice: every task's best record
+                    ex_best, _ = tuned_build(model, db, target, lowering, deployed=False)
+                    timers["best_records"] = model_timer(ex_best, inputs, target)
             task_times_in_model(ex, inputs, target, rows)
             in_model = {row.name: row.in_model_s for row in rows}
             timers["stormdrop"] = model_timer(ex, inputs, target)
-            timers["best_records"] = model_timer(ex_best, inputs, target)
             out["stormdrop"] = {"tuning_s": r.tuning_s, "wall_s": wall_s,  # tuning_s: up to the compiled model
                                 "tasks": len(r.tasks), "trials": sum(sum(t.trials.values()) - t.trials["failed"]
                                                                      for t in r.tasks),
@@ -193,7 +193,7 @@ def breakdown(raw: list[dict], top: int = 6) -> list[str]:
                          + (f", {t['in_model_s'] / t['weight'] * 1e6:.0f} us a call in the model vs "
                             f"{t['latency_s'] * 1e6:.0f} as tuned" if t.get("in_model_s") else "") + ")"
                          for t in sorted(tasks, key=lambda t: -t["weight"] * t["latency_s"])[:top]))
-        if sd.get("best_records", {}).get("latency_s") and sd.get("in_model_candidates", 3) > 1:
+        if sd.get("best_records", {}).get("latency_s"):
             lines.append(f"  - in-model choice: {len(sd.get('deployed', {}))} task(s) deploy another of their best "
                          f"records; the model {sd['latency_s'] * 1e3:.2f} ms, with every task's best record "
                          f"{sd['best_records']['latency_s'] * 1e3:.2f} ms (timed in turns)")
