@@ -213,3 +213,67 @@ def test_a_transfer_keeps_every_decision_of_the_donor_nhwc_conv_with_packed_weig
             elif kind == "SampleCategorical":
                 assert a == b  # unroll and the like: kept as they were
     assert len(spaces) >= 1
+
+
+def _conv_epilogue(c, h, residual):
+    """A model-style fused NHWC conv task: conv2d + bias add [+ residual add] + ReLU (TOPI's blocks)."""
+    from tvm import te, topi
+
+    x = te.placeholder((1, h, h, c), name="x")
+    w = te.placeholder((3, 3, c, c), name="w")
+    b = te.placeholder((1, 1, 1, c), name="b")
+    y = topi.add(topi.nn.conv2d_nhwc(x, w, 1, 1, 1), b)
+    args = [x, w, b]
+    if residual:
+        r = te.placeholder((1, h, h, c), name="r")
+        y = topi.add(y, r)
+        args.append(r)
+    out = topi.nn.relu(y)
+    return tvm.IRModule({"main": te.create_prim_func([*args, out])})
+
+
+def test_a_donor_without_the_residual_add_transfers_to_a_conv_with_it():
+    """The paper's class is the main operator's: a conv + bias + ReLU schedule transfers to a conv
+    with a residual add fused in too (the extra add is inlined first) and computes the right answer;
+    a kernel with a block the donor lacks is unrelated the other way round."""
+    from stormdrop.model_tune import op_class
+    from stormdrop.reuse import related
+
+    donor, target = _conv_epilogue(16, 14, residual=False), _conv_epilogue(24, 10, residual=True)
+    assert related(op_class(donor), op_class(target)) is False  # related, not the same class
+    assert related(op_class(target), op_class(donor)) is None  # the donor may not have more blocks
+    assert related(op_class(donor), op_class(parse_kernel("matmul:M=8,N=8,K=8").mod)) is None
+    assert related("T_divide+lv224_red:float32", "T_divide+lv85_red:float32") is True  # numbers do not count
+    ctx = make_context(donor, host_target(), seed=0)
+    postprocs = make_context(target, host_target(), seed=0).space_generator.postprocs
+    moved = 0
+    for space in ctx.generate_design_space():
+        sch = transfer(donor, _tvm.trace_to_json(space.trace), target, postprocs)
+        assert sch is not None
+        moved += 1
+        rng = np.random.default_rng(moved)
+        args = [rng.standard_normal(shape).astype(dtype) for _, shape, dtype in kernel_args(target)]
+        np.testing.assert_allclose(_run(sch.mod, [a.copy() for a in args]), _run(target, [a.copy() for a in args]),
+                                   rtol=1e-4, atol=1e-4)
+        replayed = _tvm.schedule_from_trace_json(target, _tvm.trace_to_json(sch.trace))  # its own trace replays
+        assert replayed is not None
+    assert moved >= 1
+
+
+def test_exact_class_donors_come_before_related_ones(tmp_path):
+    from stormdrop.model_tune import op_class
+    from stormdrop.reuse import donors
+    from stormdrop.target import canonical
+    from stormdrop.workloads import Kernel
+
+    def kernel(c, h, residual):
+        mod = _conv_epilogue(c, h, residual)
+        return Kernel(f"conv{c}x{h}{'r' if residual else ''}", "", op_class(mod), mod, 1000 * c * h)
+
+    with Database(tmp_path / "d.db") as db:
+        near = _stored_best(db, kernel(24, 10, False), kernel(24, 10, False).op_class)  # nearest, related
+        far = _stored_best(db, kernel(8, 28, True), kernel(8, 28, True).op_class)  # far, same class
+        t = kernel(24, 12, True)
+        entry = db.commit_workload(t.mod, name=t.name, op_class=t.op_class, flops=t.flops)
+        got = [w.workload_id for w, _ in donors(db, entry, canonical(host_target()))]
+    assert got == [far.workload_id, near.workload_id]

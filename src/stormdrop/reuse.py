@@ -3,6 +3,12 @@
 Before the storm, the best stored schedule of each *other* workload of the same
 class (its fused-operator signature without shapes, e.g. ``conv2d_add_relu``)
 on the same target is replayed on this workload (Gibson & Cano, transfer-tuning).
+Then, as the paper's class is the main operator's, donors whose blocks are this
+workload's less some elementwise epilogue (a convolution + bias + ReLU for one
+with a residual add fused in as well): the extra epilogue blocks are inlined
+first, so the donor's trace meets the loop nests it was written for. Blocks are
+matched by kind, counters and variable numbers left out (``lv224_red`` is
+``lv85_red``), in order.
 Tile factorizations that do not fit the new loop extents are mapped to the
 nearest valid factorization (inner levels first: they hold the register tile
 and the vector width), never dropped; the other decisions are kept. A transfer
@@ -16,11 +22,14 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
+from collections import Counter
 from collections.abc import Sequence
 
 import tvm
 import tvm_ffi
 from tvm.s_tir import Schedule
+from tvm.s_tir.schedule import Instruction, Trace
 
 from . import _tvm
 from .database import Database, WorkloadEntry
@@ -54,11 +63,86 @@ def nearest_factorization(old: list[int], extent: int, max_innermost: int = 0) -
     return out
 
 
-def transfer(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModule, postprocs: list) -> Schedule | None:
-    """The donor's schedule replayed on ``mod`` (tiles refitted); None when it does not apply."""
+_EPILOGUE = re.compile(r"^(T_[a-z_]+|compute)$")  # TOPI's elementwise blocks (add, multiply, ReLU, ...)
+
+
+def block_kind(name: str) -> str:
+    """A block's name without its counters and variable numbers: ``T_add1`` -> ``T_add``."""
+    return re.sub(r"\d+", "", name)
+
+
+def class_blocks(op_class: str) -> tuple[Counter, str]:
+    """An ``op_class`` (``model_tune.op_class``) as (block kinds counted, dtype)."""
+    blocks, _, dtype = op_class.rpartition(":")
+    return Counter(block_kind(b) for b in blocks.split("+")), dtype
+
+
+def related(donor_class: str, op_class: str) -> bool | None:
+    """True: the same class; False: the donor's blocks are this class's less elementwise epilogues
+    (its schedule transfers once those are inlined); None: unrelated."""
+    (a, da), (b, db) = class_blocks(donor_class), class_blocks(op_class)
+    if da != db:
+        return None
+    if a == b:
+        return True
+    extra = b - a
+    return False if not (a - b) and extra and all(_EPILOGUE.match(k) for k in extra) else None
+
+
+def _block_names(sch: Schedule) -> list[str]:
+    return [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+
+
+def _renamed(trace: Trace, names: dict[str, str]) -> Trace:
+    """``trace`` with its block lookups renamed (``names``: donor block -> this workload's)."""
+    insts = []
+    for inst in trace.insts:
+        if inst.kind.name == "GetSBlock" and str(inst.attrs[0]) in names:
+            inst = Instruction(inst.kind, inst.inputs, [names[str(inst.attrs[0])], inst.attrs[1]], inst.outputs)
+        insts.append(inst)
+    return Trace(insts, {insts[i]: trace.decisions[old] for i, old in enumerate(trace.insts)
+                         if old in trace.decisions})
+
+
+def _match_blocks(donor: Schedule, sch: Schedule) -> tuple[dict[str, str], list[str]] | None:
+    """Donor block -> this workload's block of the same kind, in order, and this workload's blocks
+    left over (each an elementwise epilogue); None when a donor block has no counterpart."""
+    mine = _block_names(sch)
+    free = list(mine)
+    names = {}
+    for name in _block_names(donor):
+        match = next((m for m in free if block_kind(m) == block_kind(name)), None)
+        if match is None:
+            return None
+        free.remove(match)
+        names[name] = match
+    if not all(_EPILOGUE.match(block_kind(m)) for m in free):
+        return None
+    return names, free
+
+
+def _inline(sch: Schedule, name: str) -> None:
+    """Inline an elementwise block into its consumer, or (an output block) into its producer."""
+    block = sch.get_sblock(name)
     try:
-        trace = _tvm.schedule_from_trace_json(donor_mod, donor_trace_json).trace
+        sch.compute_inline(block)
+    except Exception:  # noqa: BLE001 - it writes an output: fold it into the block before it
+        sch.reverse_compute_inline(block)
+
+
+def transfer(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModule, postprocs: list) -> Schedule | None:
+    """The donor's schedule replayed on ``mod`` (blocks matched by kind, this workload's extra
+    elementwise epilogues inlined first, tiles refitted); None when it does not apply."""
+    try:
+        donor = _tvm.schedule_from_trace_json(donor_mod, donor_trace_json)
         sch = Schedule(mod)
+        matched = _match_blocks(Schedule(donor_mod), sch)
+        if matched is None:
+            return None
+        names, extra = matched
+        for name in extra:
+            _inline(sch, name)
+        trace = _renamed(donor.trace, names)
 
         def refit(inst, inputs, attrs, decision):
             if inst.kind.name == "SamplePerfectTile":
@@ -78,8 +162,9 @@ def transfer(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModule, 
 
 def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int | None = None,
            others: Sequence[Database] = ()) -> list[tuple[WorkloadEntry, str]]:
-    """(workload, best trace) of the other workloads of the same class (at most ``limit``), nearest
-    shapes first (``shape_distance``, then FLOPs).
+    """(workload, best trace) of the other workloads of a related class (at most ``limit``): the
+    same class first, then the same class less elementwise epilogues (``related``); within each,
+    nearest shapes first (``shape_distance``, then FLOPs).
 
     ``others``: more databases to draw donors from (``--reuse-from``, read only); there the same
     workload counts too (tuned for another model, say), and comes first.
@@ -87,31 +172,35 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int | Non
     out = []
     for source in (db, *others):
         for other in source.workloads():
-            if other.op_class != entry.op_class:
+            exact = related(other.op_class, entry.op_class)
+            if exact is None:
                 continue
             same = other.shash == entry.shash and tvm_ffi.structural_equal(other.mod, entry.mod)
             if same and source is db:
                 continue
             best = source.best(other.workload_id, target_key, k=1)
             if best:
-                out.append((other, best[0].trace_json, same))
-    out.sort(key=lambda d: (not d[2], shape_distance(d[0].mod, entry.mod),
+                out.append((other, best[0].trace_json, (not same, not exact)))
+    out.sort(key=lambda d: (d[2], shape_distance(d[0].mod, entry.mod),
                             abs(math.log(max(d[0].flops, 1)) - math.log(max(entry.flops, 1)))))
     return [(w, t) for w, t, _ in out[:limit]]
 
 
 def shape_distance(a: tvm.IRModule, b: tvm.IRModule) -> float:
-    """How far apart two kernels' shapes are: the summed |log| ratios of their parameters' dims
-    (inf when their parameters differ in number or rank)."""
+    """How far apart two kernels' shapes are: the summed |log| ratios of their parameters' dims,
+    inputs in order and the outputs (a fused residual operand more in one of them left out; inf
+    when the compared parameters differ in rank)."""
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
     try:
         sa, sb = ([[int(d) for d in info.shape] for info in ArgInfo.from_prim_func(m["main"])] for m in (a, b))
     except Exception:  # noqa: BLE001 - symbolic shapes
         return math.inf
-    if len(sa) != len(sb) or any(len(x) != len(y) for x, y in zip(sa, sb)):
+    n = min(len(sa), len(sb))
+    pairs = list(zip(sa[:n - 1], sb[:n - 1])) + [(sa[-1], sb[-1])]
+    if not n or any(len(x) != len(y) for x, y in pairs):
         return math.inf
-    return sum(abs(math.log(max(x, 1)) - math.log(max(y, 1))) for xs, ys in zip(sa, sb) for x, y in zip(xs, ys))
+    return sum(abs(math.log(max(x, 1)) - math.log(max(y, 1))) for xs, ys in pairs for x, y in zip(xs, ys))
 
 
 def reuse_candidates(db: Database, entry: WorkloadEntry, target_key: str, postprocs: list,
