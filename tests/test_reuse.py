@@ -215,8 +215,9 @@ def test_a_transfer_keeps_every_decision_of_the_donor_nhwc_conv_with_packed_weig
     assert len(spaces) >= 1
 
 
-def _conv_epilogue(c, h, residual):
-    """A model-style fused NHWC conv task: conv2d + bias add [+ residual add] + ReLU (TOPI's blocks)."""
+def _conv_epilogue(c, h, residual, act="relu"):
+    """A model-style fused NHWC conv task: conv2d + bias add [+ residual add] + ReLU, SiLU or ReLU6
+    (TOPI's blocks)."""
     from tvm import te, topi
 
     x = te.placeholder((1, h, h, c), name="x")
@@ -228,36 +229,49 @@ def _conv_epilogue(c, h, residual):
         r = te.placeholder((1, h, h, c), name="r")
         y = topi.add(y, r)
         args.append(r)
-    out = topi.nn.relu(y)
+    out = {"relu": lambda: topi.nn.relu(y), "silu": lambda: topi.multiply(y, topi.sigmoid(y)),
+           "relu6": lambda: topi.minimum(topi.maximum(y, 0.0), 6.0)}[act]()
     return tvm.IRModule({"main": te.create_prim_func([*args, out])})
 
 
-def test_a_donor_without_the_residual_add_transfers_to_a_conv_with_it():
-    """The paper's class is the main operator's: a conv + bias + ReLU schedule transfers to a conv
-    with a residual add fused in too (the extra add is inlined first) and computes the right answer;
-    a kernel with a block the donor lacks is unrelated the other way round."""
+@pytest.mark.parametrize("donor_act, target_act, residual, rank", [("relu", "relu", True, 1),
+                                                                    ("silu", "relu6", False, 2)])
+def test_a_donor_with_fewer_or_other_epilogues_transfers_and_computes_right(donor_act, target_act, residual, rank):
+    """The paper's class is the main operator's: a conv + bias + ReLU schedule transfers to a conv with
+    a residual add fused in too (the extra add inlined first), a conv + SiLU one to a conv + ReLU6 (the
+    epilogues taken in order); each transferred kernel computes the right answer."""
+    from stormdrop.model_tune import op_class
+    from stormdrop.reuse import related
+
+    donor = _conv_epilogue(16, 14, residual=False, act=donor_act)
+    target = _conv_epilogue(24, 10, residual=residual, act=target_act)
+    assert related(op_class(donor), op_class(target)) == rank
+    postprocs = make_context(target, host_target(), seed=0).space_generator.postprocs
+    spaces = make_context(donor, host_target(), seed=0).generate_design_space()
+    for k, space in enumerate(spaces):
+        sch = transfer(donor, _tvm.trace_to_json(space.trace), target, postprocs)
+        assert sch is not None
+        rng = np.random.default_rng(k)
+        args = [rng.standard_normal(shape).astype(dtype) for _, shape, dtype in kernel_args(target)]
+        np.testing.assert_allclose(_run(sch.mod, [a.copy() for a in args]), _run(target, [a.copy() for a in args]),
+                                   rtol=1e-4, atol=1e-4)
+    assert spaces
+
+
+def test_which_classes_are_related():
+    """Only kernels of one main operator and dtype exchange schedules; a donor may have fewer
+    epilogues than the task, never more; numbers in block names do not count."""
     from stormdrop.model_tune import op_class
     from stormdrop.reuse import related
 
     donor, target = _conv_epilogue(16, 14, residual=False), _conv_epilogue(24, 10, residual=True)
-    assert related(op_class(donor), op_class(target)) is False  # related, not the same class
     assert related(op_class(target), op_class(donor)) is None  # the donor may not have more blocks
     assert related(op_class(donor), op_class(parse_kernel("matmul:M=8,N=8,K=8").mod)) is None
-    assert related("T_divide+lv224_red:float32", "T_divide+lv85_red:float32") is True  # numbers do not count
-    ctx = make_context(donor, host_target(), seed=0)
-    postprocs = make_context(target, host_target(), seed=0).space_generator.postprocs
-    moved = 0
-    for space in ctx.generate_design_space():
-        sch = transfer(donor, _tvm.trace_to_json(space.trace), target, postprocs)
-        assert sch is not None
-        moved += 1
-        rng = np.random.default_rng(moved)
-        args = [rng.standard_normal(shape).astype(dtype) for _, shape, dtype in kernel_args(target)]
-        np.testing.assert_allclose(_run(sch.mod, [a.copy() for a in args]), _run(target, [a.copy() for a in args]),
-                                   rtol=1e-4, atol=1e-4)
-        replayed = _tvm.schedule_from_trace_json(target, _tvm.trace_to_json(sch.trace))  # its own trace replays
-        assert replayed is not None
-    assert moved >= 1
+    assert related("T_divide+lv224_red:float32", "T_divide+lv85_red:float32") == 0  # numbers do not count
+    silu, relu6 = ("T_add+T_multiply+compute+conv2d_nhwc+pad_temp:float32",
+                   "T_add+T_maximum+T_minimum+conv2d_nhwc+pad_temp:float32")
+    assert related(silu, relu6) == 2 and related(silu, relu6.replace("float32", "float16")) is None
+    assert related(silu, "T_add+conv2d_nhwc+pad_temp:float32") is None  # more epilogues than the task has
 
 
 def test_exact_class_donors_come_before_related_ones(tmp_path):
@@ -277,3 +291,16 @@ def test_exact_class_donors_come_before_related_ones(tmp_path):
         entry = db.commit_workload(t.mod, name=t.name, op_class=t.op_class, flops=t.flops)
         got = [w.workload_id for w, _ in donors(db, entry, canonical(host_target()))]
     assert got == [far.workload_id, near.workload_id]
+
+
+def test_a_resumed_run_is_not_charged_twice_for_its_transfers(tmp_path, donor_db):
+    """The ledger: a run's transfers come back from the database when it is re-run with a larger
+    budget, and cost nothing again (they were subtracted twice: 7 records for --trials 8)."""
+    db = tmp_path / "resume.db"
+    first = tune_kernel("matmul:M=48,N=80,K=64", trials=1, exploit_trials=0, db=db, seed=0,
+                        reuse_from=[donor_db]).tasks[0]
+    assert first.trials["reuse"] == 1 and first.trials["storm"] == 0
+    tune_kernel("matmul:M=48,N=80,K=64", trials=8, exploit_trials=0, db=db, seed=0, reuse_from=[donor_db])
+    with Database(db) as d:
+        entry = d.find_workload(parse_kernel("matmul:M=48,N=80,K=64").mod)
+        assert len(d.records(entry.workload_id)) == 8

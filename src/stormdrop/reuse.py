@@ -6,9 +6,11 @@ on the same target is replayed on this workload (Gibson & Cano, transfer-tuning)
 Then, as the paper's class is the main operator's, donors whose blocks are this
 workload's less some elementwise epilogue (a convolution + bias + ReLU for one
 with a residual add fused in as well): the extra epilogue blocks are inlined
-first, so the donor's trace meets the loop nests it was written for. Blocks are
-matched by kind, counters and variable numbers left out (``lv224_red`` is
-``lv85_red``), in order.
+first, so the donor's trace meets the loop nests it was written for; then donors
+with the same main blocks and other elementwise epilogues (SiLU for ReLU6), no
+more of them: the trace treats this workload's epilogues in order as it treated
+its own. Blocks are matched by kind, counters and variable numbers left out
+(``lv224_red`` is ``lv85_red``), in order.
 Tile factorizations that do not fit the new loop extents are mapped to the
 nearest valid factorization (inner levels first: they hold the register tile
 and the vector width), never dropped; the other decisions are kept. A transfer
@@ -77,16 +79,22 @@ def class_blocks(op_class: str) -> tuple[Counter, str]:
     return Counter(block_kind(b) for b in blocks.split("+")), dtype
 
 
-def related(donor_class: str, op_class: str) -> bool | None:
-    """True: the same class; False: the donor's blocks are this class's less elementwise epilogues
-    (its schedule transfers once those are inlined); None: unrelated."""
+def related(donor_class: str, op_class: str) -> int | None:
+    """How near a donor's class is to this one (None: unrelated). 0: the same blocks; 1: the donor's
+    blocks are this class's less some elementwise epilogues (inlined before its trace is replayed);
+    2: the same main blocks, the donor's epilogues other elementwise ops, no more of them than here
+    (conv + bias + SiLU for conv + bias + ReLU6: its trace treats them in order)."""
     (a, da), (b, db) = class_blocks(donor_class), class_blocks(op_class)
     if da != db:
         return None
     if a == b:
-        return True
-    extra = b - a
-    return False if not (a - b) and extra and all(_EPILOGUE.match(k) for k in extra) else None
+        return 0
+    if not (a - b) and all(_EPILOGUE.match(k) for k in b - a):
+        return 1
+    main_a, main_b = (Counter({k: n for k, n in c.items() if not _EPILOGUE.match(k)}) for c in (a, b))
+    if main_a and main_a == main_b and a.total() - main_a.total() <= b.total() - main_b.total():
+        return 2
+    return None
 
 
 def _block_names(sch: Schedule) -> list[str]:
@@ -105,14 +113,21 @@ def _renamed(trace: Trace, names: dict[str, str]) -> Trace:
 
 
 def _match_blocks(donor: Schedule, sch: Schedule) -> tuple[dict[str, str], list[str]] | None:
-    """Donor block -> this workload's block of the same kind, in order, and this workload's blocks
-    left over (each an elementwise epilogue); None when a donor block has no counterpart."""
-    mine = _block_names(sch)
-    free = list(mine)
-    names = {}
+    """Donor block -> this workload's block: of the same kind, in order, then the donor's other
+    elementwise epilogues to this workload's in order; and this workload's blocks left over (each
+    an elementwise epilogue). None when a donor block has no counterpart."""
+    free = _block_names(sch)
+    names, unmatched = {}, []
     for name in _block_names(donor):
         match = next((m for m in free if block_kind(m) == block_kind(name)), None)
         if match is None:
+            unmatched.append(name)
+            continue
+        free.remove(match)
+        names[name] = match
+    for name in unmatched:
+        match = next((m for m in free if _EPILOGUE.match(block_kind(m))), None)
+        if match is None or not _EPILOGUE.match(block_kind(name)):
             return None
         free.remove(match)
         names[name] = match
@@ -163,8 +178,8 @@ def transfer(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModule, 
 def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int | None = None,
            others: Sequence[Database] = ()) -> list[tuple[WorkloadEntry, str]]:
     """(workload, best trace) of the other workloads of a related class (at most ``limit``): the
-    same class first, then the same class less elementwise epilogues (``related``); within each,
-    nearest shapes first (``shape_distance``, then FLOPs).
+    same class first, then the same less elementwise epilogues, then the same main operator with
+    other epilogues (``related``); within each, nearest shapes first (``shape_distance``, then FLOPs).
 
     ``others``: more databases to draw donors from (``--reuse-from``, read only); there the same
     workload counts too (tuned for another model, say), and comes first.
@@ -172,15 +187,15 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int | Non
     out = []
     for source in (db, *others):
         for other in source.workloads():
-            exact = related(other.op_class, entry.op_class)
-            if exact is None:
+            rank = related(other.op_class, entry.op_class)
+            if rank is None:
                 continue
             same = other.shash == entry.shash and tvm_ffi.structural_equal(other.mod, entry.mod)
             if same and source is db:
                 continue
             best = source.best(other.workload_id, target_key, k=1)
             if best:
-                out.append((other, best[0].trace_json, (not same, not exact)))
+                out.append((other, best[0].trace_json, (not same, rank)))
     out.sort(key=lambda d: (d[2], shape_distance(d[0].mod, entry.mod),
                             abs(math.log(max(d[0].flops, 1)) - math.log(max(entry.flops, 1)))))
     return [(w, t) for w, t, _ in out[:limit]]
