@@ -45,6 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="stormdrop's 3x3 convolutions as Winograd (MetaSchedule tunes the same fused module)")
     p.add_argument("--in-model-candidates", type=int, default=1,
                    help="stormdrop's in-model choice among each task's K best records (1: off, the default)")
+    p.add_argument("--cache-flush", default="off", choices=["off", "on", "ab"],
+                   help="stormdrop times candidates with the caches flushed (on), or tunes twice, without and "
+                        "with, both timed in turns with the peers (ab: an A/B of tuning by cold timing)")
     p.add_argument("--rounds", type=int, default=5,
                    help="latencies: median over this many rounds in which the peers take turns")
     p.add_argument("--seed", type=int, default=0)
@@ -88,6 +91,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
 
     from stormdrop.database import Database
     from stormdrop.lowering import Lowering
+    from stormdrop.measure import MeasureConfig
     from stormdrop.model_bench import task_times_in_model, tuned_build
     from stormdrop.model_run import (
         interleaved,
@@ -121,7 +125,8 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             r = tune_model(model, target=target, trials=None if args.time_budget else args.trials,
                            trials_per_task=args.trials_per_task, time_budget=args.time_budget,
                            db=db_path, seed=args.seed, lowering=lowering, untuned=True,
-                           in_model_candidates=args.in_model_candidates)
+                           in_model_candidates=args.in_model_candidates,
+                           measure=MeasureConfig(cache_flush=args.cache_flush == "on"))
             wall_s = time.monotonic() - t0  # with tune --model's own check (untuned build run, peers timed)
             with Database(db_path) as db:
                 ex, rows = tuned_build(model, db, target, lowering)
@@ -143,6 +148,21 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             out["untuned_s"] = r.latency_s["untuned"]
         except Exception as err:  # noqa: BLE001 - a failure is a cell
             out["stormdrop"] = {"status": f"failed: {short(err)}", "tuning_s": time.monotonic() - t0}
+        if args.cache_flush == "ab":  # the same tuning, candidates timed with the caches flushed
+            cold_db = db_path.replace(".db", "") + ".cold.db" if args.keep_db else os.path.join(tmp, "cold.sqlite")
+            t0 = time.monotonic()
+            rc = tune_model(model, target=target, trials=None if args.time_budget else args.trials,
+                            trials_per_task=args.trials_per_task, time_budget=args.time_budget,
+                            db=cold_db, seed=args.seed, lowering=lowering,
+                            in_model_candidates=args.in_model_candidates, measure=MeasureConfig(cache_flush=True))
+            with Database(cold_db) as db:
+                ex_cold, rows_cold = tuned_build(model, db, target, lowering)
+            task_times_in_model(ex_cold, inputs, target, rows_cold)
+            timers["cold_tuned"] = model_timer(ex_cold, inputs, target)
+            out["cold_tuned"] = {"tuning_s": rc.tuning_s, "trials": sum(sum(t.trials.values()) - t.trials["failed"]
+                                                                        for t in rc.tasks),
+                                 "per_task": [{"name": row.name, "weight": row.weight, "latency_s": row.latency_s,
+                                               "in_model_s": row.in_model_s} for row in rows_cold]}
     print(f"  {name} stormdrop: tuned in {out['stormdrop']['tuning_s']:.0f} s", flush=True)
     same = out["stormdrop"].get("trials", args.trials) if args.time_budget else args.trials
     runs = [] if args.skip_ms else [("ms_same", same)] + ([] if args.skip_3x else [("ms_3x", 3 * same)])
@@ -164,6 +184,8 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
     out["onnxruntime_s"] = latency.pop("onnxruntime")
     if "best_records" in latency:
         out["stormdrop"]["best_records"] = {"latency_s": latency.pop("best_records")}
+    if "cold_tuned" in latency:
+        out["cold_tuned"]["latency_s"] = latency.pop("cold_tuned")
     for key, secs in latency.items():
         out[key]["latency_s"] = secs
     print(f"  {name} latencies (s, median of {args.rounds} interleaved rounds): {latency} "
@@ -197,6 +219,14 @@ def breakdown(raw: list[dict], top: int = 6) -> list[str]:
             lines.append(f"  - in-model choice: {len(sd.get('deployed', {}))} task(s) deploy another of their best "
                          f"records; the model {sd['latency_s'] * 1e3:.2f} ms, with every task's best record "
                          f"{sd['best_records']['latency_s'] * 1e3:.2f} ms (timed in turns)")
+        cold = r.get("cold_tuned", {})
+        if cold.get("latency_s") and sd.get("latency_s"):
+            lines.append(f"  - tuned with the caches flushed (--cache-flush, {cold['trials']} trials in "
+                         f"{cold['tuning_s']:.0f} s): the model {cold['latency_s'] * 1e3:.2f} ms vs "
+                         f"{sd['latency_s'] * 1e3:.2f} ms tuned warm (timed in turns): "
+                         f"warm / cold = {sd['latency_s'] / cold['latency_s']:.2f}; ONNX Runtime / cold = "
+                         f"{r['onnxruntime_s'] / cold['latency_s']:.2f}; its kernels timed inside the model "
+                         f"{sum(t['in_model_s'] or 0 for t in cold['per_task']) * 1e3:.2f} ms")
     return lines + ([""] if lines else [])
 
 

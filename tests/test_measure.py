@@ -123,3 +123,27 @@ def test_measuring_listens_on_no_network_port(kernel):
                                 if w.proc is not None]
         assert len(pids) >= 3
         assert _listening_addresses(pids) == []  # workers talk over socket pairs, not ports
+
+
+def test_a_build_failure_is_heard_as_its_build_ends_not_after_the_batch(kernel):
+    """The caller commits each result as it arrives: a build failure reaches ``on_result`` before
+    the batch's other builds (it used to wait for every build of the batch, so a kill then lost it)."""
+    import os
+
+    free = te.var("free")  # a variable no argument defines: the build fails
+    broken = _variant(lambda A, B, n: te.compute((n, n), lambda i, j: A[i, j] + B[i, j] * free, name="C"))
+    heard = []
+    with Gateway(host_target(), MeasureConfig(repeat=2, min_repeat_ms=1, builders=1)) as gw:
+        gw.prepare(KEY, kernel.mod)
+
+        def libraries():
+            return sum(f.endswith(".so") for f in os.listdir(gw._workdir))
+
+        before = libraries()
+
+        def on_result(i, r):
+            heard.append((i, r.error, libraries() - before))
+
+        results = gw.measure(KEY, [broken, kernel.mod, kernel.mod], on_result=on_result)
+    assert results[0].error is ErrorKind.BUILD_ERROR and results[1].ok and results[2].ok
+    assert heard[0] == (0, ErrorKind.BUILD_ERROR, 0)  # heard before the other two were built

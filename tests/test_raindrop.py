@@ -192,3 +192,19 @@ def test_register_tiles_can_be_turned_off():
     drop = Raindrop(GridSpace((5, 5), 10), make((5, 5)), (1e-3,) * 5, budget=50,
                     config=RaindropConfig(register_tiles=0), register_tiles=[(1, 1)])
     assert all((1, 1) != c.position for c in drop.propose() if not c.remeasure)
+
+
+def test_stored_results_cost_the_budget_nothing():
+    """A neighbour whose result was stored already (a killed run's, the storm's) is told as not fresh:
+    the budget pays only for what was measured for the batch, so a resumed run measures as many."""
+    space = GridSpace((4, 4), 9)
+    drop = Raindrop(space, make((4, 4)), (1.0,) * 5, budget=4, config=RaindropConfig(batch_size=4))
+    batch = drop.propose()
+    neighbours = [c for c in batch if not c.remeasure]
+    results = [MeasureResult(run_secs=(1.0,) * 5) for _ in batch]
+    fresh = [not c.remeasure and c is not neighbours[0] and c is not neighbours[1] for c in batch]
+    drop.tell(batch, results, fresh)
+    assert drop.budget == 4 - sum(fresh) == 2 and not drop.done
+    batch = drop.propose()
+    drop.tell(batch, [MeasureResult(run_secs=(1.0,) * 5)] * len(batch))  # default: all fresh
+    assert drop.done

@@ -351,3 +351,45 @@ def test_verification_falls_back_re_measures_and_is_never_claimed_unchecked(tmp_
         session = TaskSession(db, unchecked, kernel, TARGET, 0)
         verify_best(session)
         assert not session.result.verified and session.result.latency_s == pytest.approx(1.1e-3)
+
+
+def test_one_sample_per_candidate_is_refused_whenever_a_raindrop_would_run(tmp_path):
+    """The t-test needs samples: --repeat 1 is refused through the library too (it used to turn the
+    test off silently there), before the database is touched; with no raindrop it is allowed."""
+    from stormdrop.errors import SpecError
+    from stormdrop.measure import MeasureConfig
+
+    with pytest.raises(SpecError, match="t-test"):
+        tune_kernel(SPEC, trials=2, exploit_trials=2, db=tmp_path / "r.db", measure=MeasureConfig(repeat=1))
+    assert not (tmp_path / "r.db").exists()
+    result = tune_kernel(SPEC, trials=2, exploit_trials=2, db=tmp_path / "s.db", measure=MeasureConfig(repeat=1),
+                         phases=(Phase.STORM,))
+    assert result.tasks[0].trials["storm"] == 2 and result.tasks[0].trials["raindrop"] == 0
+
+
+def test_the_ledger_charges_neither_imported_records_nor_stored_results(tmp_path, traces):
+    """Records imported from MetaSchedule spend nothing of a task's budget; a candidate whose result
+    is stored already is answered from the database and told as not fresh (no phase pays twice)."""
+    from dbutil import TARGET, matmul_mod
+
+    from stormdrop.records import MeasureResult, Record
+    from stormdrop.space import Candidate
+    from stormdrop.target import canonical
+    from stormdrop.tune import TaskSession
+    from stormdrop.workloads import Kernel
+
+    mod = matmul_mod()
+    kernel = Kernel("matmul_128", "matmul_128", "matmul", mod, 2 * 128**3)
+    cands = [Candidate.from_schedule(_tvm.schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:3]]
+    with Database(tmp_path / "l.db") as db:
+        wid = db.commit_workload(mod, name=kernel.name, op_class="matmul", flops=kernel.flops).workload_id
+        db.commit_record(Record(wid, canonical(TARGET), cands[0].key, cands[0].trace_json, "[]",
+                                MeasureResult(run_secs=(2e-3, 2e-3)), Phase.STORM, 1.0,
+                                "imported:metaschedule tvm=x"))
+        gateway = _ScriptedGateway([MeasureResult(run_secs=(1e-3, 1e-3))] * 2)
+        session = TaskSession(db, gateway, kernel, TARGET, 0)
+        assert session.spent() == 0  # imported: measured by another tuner
+        results = session.evaluate(cands)
+        assert gateway.calls == 2 and session.fresh == [False, True, True]
+        assert [r.mean for r in results] == pytest.approx([2e-3, 1e-3, 1e-3])
+        assert session.spent() == 2 and session.result.trials["storm"] == 2

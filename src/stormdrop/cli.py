@@ -197,8 +197,6 @@ def _raindrop_config(args: argparse.Namespace):
         raise SpecError(f"--pvalue must be in (0, 1], got {args.pvalue}")
     if args.register_tiles < 0:
         raise SpecError(f"--register-tiles must be >= 0, got {args.register_tiles}")
-    if args.repeat < 2:
-        raise SpecError(f"--repeat must be >= 2: the raindrop's t-test compares samples, got {args.repeat}")
     return RaindropConfig(pvalue=args.pvalue, register_tiles=args.register_tiles)
 
 

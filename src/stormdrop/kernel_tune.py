@@ -23,7 +23,7 @@ from .records import Phase
 from .reuse import open_donors
 from .storm import StormConfig
 from .target import canonical, parse_target
-from .tune import PHASES, TaskResult, TaskSession, TaskTuner
+from .tune import PHASES, TaskResult, TaskSession, TaskTuner, check_samples
 from .workloads import Kernel, parse_kernel
 
 
@@ -62,6 +62,7 @@ def tune_kernel(kernel: str | Kernel, *, target: str | dict | Target | None = No
     exploit = trials if exploit_trials is None else exploit_trials
     deadline = start + time_budget if time_budget else float("inf")
     rcfg = raindrop or RaindropConfig(pvalue=pvalue)
+    check_samples(measure, phases, exploit)
     own_db = not isinstance(db, Database)
     donor_dbs = open_donors(reuse_from)
     database = Database(db or default_db_path()) if own_db else db

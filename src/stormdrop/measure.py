@@ -190,19 +190,15 @@ class Gateway:
                 on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:
         """Build all ``mods`` (scheduled versions of workload ``key``), then time each.
 
-        ``on_result(i, result)`` hears each result as soon as it is known (build failures
-        after the builds, each run as it ends), so a caller can commit it at once: a
-        kill then loses only the candidates still in flight, not the whole batch.
+        ``on_result(i, result)`` hears each result as soon as it is known (a build failure as
+        its build ends, each run as it ends), so a caller can commit it at once: a kill then
+        loses only the candidates still in flight, not the whole batch.
         """
         t0 = time.monotonic()
-        built = self._build_all(mods)
+        built = self._build_all(mods, on_result)
         t1 = time.monotonic()
         self.stats["build_s"] += t1 - t0
         results: list[MeasureResult | None] = [b if isinstance(b, MeasureResult) else None for b in built]
-        if on_result is not None:
-            for i, r in enumerate(results):
-                if r is not None:
-                    on_result(i, r)
         try:
             if len(self._runners) == 1:
                 for i, b in enumerate(built):
@@ -226,7 +222,9 @@ class Gateway:
             return 0.0, 0.0
         return self.stats["build_s"] / n * len(self._builders), self.stats["run_s"] / n
 
-    def _build_all(self, mods: list[tvm.IRModule]) -> list[dict | MeasureResult]:
+    def _build_all(self, mods: list[tvm.IRModule],
+                   on_failure: Callable[[int, MeasureResult], None] | None = None) -> list[dict | MeasureResult]:
+        """Every module built (a library's paths) or its failure, told to ``on_failure`` as it ends."""
         out: list[dict | MeasureResult] = [MeasureResult.failure(ErrorKind.BUILD_ERROR, "not built")] * len(mods)
         pending = list(range(len(mods)))
         busy: dict[int, tuple[_Worker, int]] = {}  # id(conn) -> (worker, job)
@@ -248,12 +246,16 @@ class Gateway:
                 status, value = worker.receive()
                 out[job] = value if status == "ok" else MeasureResult.failure(ErrorKind.BUILD_ERROR, str(value))
                 idle.append(worker)
+                if status != "ok" and on_failure is not None:
+                    on_failure(job, out[job])
             for cid, (worker, job) in list(busy.items()):
                 if now - worker.started_at > timeout:
                     worker.kill()
                     busy.pop(cid)
                     out[job] = MeasureResult.failure(ErrorKind.BUILD_TIMEOUT, f"build exceeded {timeout:.0f} s")
                     idle.append(worker)
+                    if on_failure is not None:
+                        on_failure(job, out[job])
         return out
 
     def _run_payload(self, key: str, built: dict) -> tuple:

@@ -39,7 +39,7 @@ from .records import Phase
 from .reuse import open_donors
 from .storm import StormConfig
 from .target import canonical, parse_target
-from .tune import PHASES, TaskResult, TaskSession, TaskTuner
+from .tune import PHASES, TaskResult, TaskSession, TaskTuner, check_samples
 from .winograd import direct_flops as winograd_direct_flops
 from .workloads import Kernel
 from .workloads.models import Model, load_model
@@ -125,6 +125,7 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
     1: the best record as tuned; local devices only, the kernels being timed in place by a VM instrument).
     """
     start = time.monotonic()
+    check_samples(measure, phases, trials_per_task - max(1, trials_per_task // 2))
     tgt = parse_target(target)
     model = spec if isinstance(spec, Model) else load_model(
         spec, input_shapes=input_shapes, batch=batch, resolution=resolution, seq_len=seq_len, seed=seed)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from scipy import stats
@@ -135,18 +135,20 @@ class Raindrop:
             cands = [cands[i] for i in order]
         return cands
 
-    def tell(self, candidates: list[Candidate], results: list[MeasureResult]) -> None:
-        """Results of the last batch; moves to the best significantly faster neighbour."""
+    def tell(self, candidates: list[Candidate], results: list[MeasureResult],
+             fresh: Sequence[bool] | None = None) -> None:
+        """Results of the last batch; moves to the best significantly faster neighbour. The budget
+        pays for the ``fresh`` ones (measured for this batch; default: all), not for stored ones."""
         baseline = self.incumbent_times
         for c, r in zip(candidates, results):
             if c.remeasure and r.ok:
                 baseline = tuple(r.run_secs)
         self.incumbent_times = baseline
         best: tuple[float, Candidate, MeasureResult] | None = None
-        for c, r in zip(candidates, results):
+        for j, (c, r) in enumerate(zip(candidates, results)):
             if c.remeasure:
                 continue
-            self.budget -= 1
+            self.budget -= 1 if fresh is None or fresh[j] else 0
             if r.ok and significantly_faster(r.run_secs, baseline, self.config.pvalue):
                 if best is None or r.mean < best[0]:
                     best = (r.mean, c, r)

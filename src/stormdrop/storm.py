@@ -15,6 +15,7 @@ and predicts after the first (random) batch instead of after 100 samples.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -182,10 +183,12 @@ class Storm:
         self.measured += len(cands)
         self._commit(cands, [r for _, r in history])
 
-    def absorb(self, candidates: list[Candidate], results: list[MeasureResult]) -> None:
-        """Measurements made outside the storm (reuse): learnt, seeded, and out of its budget."""
+    def absorb(self, candidates: list[Candidate], results: list[MeasureResult],
+               fresh: Sequence[bool] | None = None) -> None:
+        """Measurements made outside the storm (reuse): learnt, seeded, and out of its budget (those
+        ``fresh`` ones only: a stored result was charged when it was measured)."""
         self._learn(list(zip(candidates, results)))
-        self.remaining -= len(candidates)
+        self.remaining -= len(candidates) if fresh is None else sum(map(bool, fresh))
 
     def _commit(self, cands: list[ms.MeasureCandidate], results: list[MeasureResult]) -> None:
         for cand, result in zip(cands, results):
@@ -217,15 +220,17 @@ class Storm:
             return None
         return out
 
-    def tell(self, candidates: list[Candidate], results: list[MeasureResult]) -> None:
-        """Results of the last proposed batch, in the same order."""
+    def tell(self, candidates: list[Candidate], results: list[MeasureResult],
+             fresh: Sequence[bool] | None = None) -> None:
+        """Results of the last proposed batch, in the same order; ``fresh``: which of them were
+        measured for it (the others were stored already and cost nothing; default: all)."""
         cands = self._pending
         runner_results = [to_runner_result(r) for r in results]
         self._search().notify_runner_results(cands, runner_results)  # before the update: same context
         self.cost_model.update(self.ctx, cands, runner_results)
         self.measured += len(cands)
         self._commit(cands, results)
-        self.remaining -= len(cands)
+        self.remaining -= len(cands) if fresh is None else sum(map(bool, fresh))
         self._pending = []
 
     def _ranked(self, pool: list[ms.MeasureCandidate]) -> list[ms.MeasureCandidate]:

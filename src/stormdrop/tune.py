@@ -78,6 +78,7 @@ class TaskSession:
         self.best = min((r.mean for r in db.records(self.entry.workload_id, self.target_key) if r.ok),
                         default=float("inf"))
         self.started = time.monotonic()
+        self.fresh: list[bool] = []  # which candidates of the last ``evaluate`` it measured
         gateway.prepare(self.entry.shash, kernel.mod, seed)
 
     def stored(self, phase: Phase | None = None) -> list[Record]:
@@ -90,8 +91,11 @@ class TaskSession:
         return sum(not r.versions.startswith("imported:") for r in self.stored(phase))
 
     def evaluate(self, cands: list[Candidate]) -> list[MeasureResult]:
-        """Results for candidates: from the database when stored, else measured and committed."""
+        """Results for candidates: from the database when stored, else measured and committed.
+        ``fresh`` says afterwards which of them this call measured: the budget ledger charges a
+        phase for those only (a stored result, e.g. of a run that was killed, costs nothing again)."""
         results: list[MeasureResult | None] = [None] * len(cands)
+        fresh = [False] * len(cands)
         todo, retry = [], {}
         for i, c in enumerate(cands):
             rec = None if c.remeasure else self.db.lookup(self.entry.workload_id, self.target_key, c.key)
@@ -114,6 +118,7 @@ class TaskSession:
             c = cands[i]
             if c.remeasure:
                 return
+            fresh[i] = True
             if i in retry:
                 self.db.commit_retry(retry[i], r, time.time(), versions)
             else:
@@ -136,21 +141,24 @@ class TaskSession:
 
         self.gateway.measure(self.entry.shash, [cands[i].mod for i in todo], on_result=commit)
         for i in waiting:
-            r = results[i] = self._measured_elsewhere(cands[i])
+            r, fresh[i] = self._measured_elsewhere(cands[i])
+            results[i] = r
             if r.ok and r.mean < self.best:
                 self.best = r.mean
+        self.fresh = fresh
         return results  # type: ignore[return-value]
 
-    def _measured_elsewhere(self, cand: Candidate) -> MeasureResult:
+    def _measured_elsewhere(self, cand: Candidate) -> tuple[MeasureResult, bool]:
         """The result another tuner is measuring: its record once committed, or, if its claim
-        lapses without one (that tuner died), measured here."""
+        lapses without one (that tuner died), measured here (then True)."""
         wid, tgt = self.entry.workload_id, self.target_key
         while True:
             rec = self.db.lookup(wid, tgt, cand.key)
             if rec is not None and not rec.retry_due:
-                return rec.result
+                return rec.result, False
             if not self.db.claimed(wid, tgt, cand.key):
-                return self.evaluate([cand])[0]
+                result = self.evaluate([cand])[0]
+                return result, self.fresh[0]
             time.sleep(0.2)
 
     def status(self, phase: Phase) -> str:
@@ -177,6 +185,13 @@ def parse_phases(text: str) -> tuple[Phase, ...]:
             or names != sorted(names, key=order.index):
         raise SpecError(f"--phases: a comma list of {', '.join(order)} in that order, got {text!r}")
     return tuple(Phase(n) for n in names)
+
+
+def check_samples(measure: object, phases: Sequence[Phase], exploit_trials: int) -> None:
+    """A raindrop compares samples with a t-test: refuse fewer than 2 per candidate (SpecError)."""
+    repeat = getattr(measure, "repeat", 2)
+    if Phase.RAINDROP in phases and exploit_trials > 0 and repeat < 2:
+        raise SpecError(f"--repeat must be >= 2: the raindrop's t-test compares samples, got {repeat}")
 
 
 def _finite(x: float) -> float | None:
@@ -238,7 +253,7 @@ class TaskTuner:
             caps = [c for c in (limit, self.first_batch if self.rounds == 0 else None) if c]
             cands = self.storm.propose(limit=min(caps) if caps else None)
             if cands is not None:
-                self.storm.tell(cands, self.task.evaluate(cands))
+                self.storm.tell(cands, self.task.evaluate(cands), self.task.fresh)
                 self.rounds += 1
                 return True
             self.drop = self._start_raindrop()
@@ -246,7 +261,7 @@ class TaskTuner:
         if cands is None:
             self.finish()
             return False
-        self.drop.tell(cands, self.task.evaluate(cands))
+        self.drop.tell(cands, self.task.evaluate(cands), self.task.fresh)
         self.rounds += 1
         return True
 
@@ -298,7 +313,7 @@ class TaskTuner:
         if not cands:
             return False
         results = task.evaluate(cands)
-        self.storm.absorb(cands, results)
+        self.storm.absorb(cands, results, task.fresh)
         self.rounds += 1
         return True
 
