@@ -45,9 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="stormdrop's 3x3 convolutions as Winograd (MetaSchedule tunes the same fused module)")
     p.add_argument("--in-model-candidates", type=int, default=1,
                    help="stormdrop's in-model choice among each task's K best records (1: off, the default)")
-    p.add_argument("--cache-flush", default="off", choices=["off", "on", "ab"],
-                   help="stormdrop times candidates with the caches flushed (on), or tunes twice, without and "
-                        "with, both timed in turns with the peers (ab: an A/B of tuning by cold timing)")
+    p.add_argument("--cache-flush", default="auto", choices=["auto", "off", "on", "ab"],
+                   help="stormdrop times candidates with the caches flushed (auto: the library's default, on "
+                        "for CPUs), or tunes twice, without and with, both timed in turns with the peers (ab)")
     p.add_argument("--rounds", type=int, default=5,
                    help="latencies: median over this many rounds in which the peers take turns")
     p.add_argument("--seed", type=int, default=0)
@@ -126,7 +126,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
                            trials_per_task=args.trials_per_task, time_budget=args.time_budget,
                            db=db_path, seed=args.seed, lowering=lowering, untuned=True,
                            in_model_candidates=args.in_model_candidates,
-                           measure=MeasureConfig(cache_flush=args.cache_flush == "on"))
+                           measure=MeasureConfig(cache_flush={"auto": None, "on": True}.get(args.cache_flush, False)))
             wall_s = time.monotonic() - t0  # with tune --model's own check (untuned build run, peers timed)
             with Database(db_path) as db:
                 ex, rows = tuned_build(model, db, target, lowering)

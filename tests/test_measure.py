@@ -147,3 +147,24 @@ def test_a_build_failure_is_heard_as_its_build_ends_not_after_the_batch(kernel):
         results = gw.measure(KEY, [broken, kernel.mod, kernel.mod], on_result=on_result)
     assert results[0].error is ErrorKind.BUILD_ERROR and results[1].ok and results[2].ok
     assert heard[0] == (0, ErrorKind.BUILD_ERROR, 0)  # heard before the other two were built
+
+
+def test_a_models_tasks_are_timed_cold_on_a_cpu_and_a_kernel_warm_unless_said():
+    """Inside a model a kernel's weights were evicted by the other kernels': a model's candidates are
+    timed with the caches flushed on a CPU by default (--no-cache-flush turns it off), a kernel's warm."""
+    cpu, gpu = host_target(), tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
+    assert MeasureConfig().for_models(cpu).cache_flush is True
+    assert MeasureConfig().for_models(gpu).cache_flush is False  # no CPU cache to flush there
+    assert MeasureConfig(cache_flush=False).for_models(cpu).cache_flush is False
+    assert MeasureConfig().for_kernels().cache_flush is False
+    assert MeasureConfig(cache_flush=True).for_kernels().cache_flush is True
+
+
+def test_a_cold_timing_gives_one_flushed_run_per_sample(kernel):
+    with Gateway(host_target(), MeasureConfig(repeat=4, min_repeat_ms=1000, cache_flush=True)) as gw:
+        gw.prepare(KEY, kernel.mod)
+        t0 = __import__("time").monotonic()
+        (r,) = gw.measure(KEY, [kernel.mod])
+        elapsed = __import__("time").monotonic() - t0
+    assert r.ok and len(r.run_secs) == 4
+    assert elapsed < 4.0  # one run per sample: min_repeat_ms (4 x 1 s warm) does not apply

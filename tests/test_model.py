@@ -247,3 +247,26 @@ def test_a_killed_model_tune_resumes_losing_nothing_and_measuring_nothing_twice(
     assert measured == len(after) - len(before), "the re-run measured a candidate the killed run had measured"
     assert len(after) <= 24, "--trials counts the killed run's measurements too"
     assert all(t["verified"] for t in doc["tasks"])
+
+
+def test_a_model_tune_times_its_candidates_cold_unless_told_not_to(tmp_path, monkeypatch):
+    """tune --model on a CPU measures with the caches flushed; --no-cache-flush measures warm."""
+    import stormdrop.model_tune as model_tune
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def spy(target, config=None):
+        seen.append(config.cache_flush)
+        raise Stop
+
+    monkeypatch.setattr(model_tune, "Gateway", spy)
+    path = tiny_net(str(tmp_path / "tiny.onnx"))
+    from stormdrop.cli import main
+
+    for flag in ([], ["--no-cache-flush"]):  # stopped where the gateway would start (an error line, exit 1)
+        assert main(["tune", "--model", path, "--trials", "2", "--db", str(tmp_path / "c.db"), "--no-progress",
+                     *flag]) == 1
+    assert seen == [True, False]

@@ -62,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--repeat", type=_positive(int), default=5,
                    help="timed samples per candidate (at least 2: the raindrop's t-test compares them)")
     t.add_argument("--min-repeat-ms", type=_positive(float), default=20.0)
-    t.add_argument("--cache-flush", action="store_true", help="flush the CPU cache before each sample")
+    t.add_argument("--cache-flush", action=argparse.BooleanOptionalAction, default=None,
+                   help="time each sample with the CPU caches flushed of the kernel's weights and output, as "
+                        "inside a model (default: on for --model on a CPU, off for --kernel)")
     t.add_argument("--build-timeout", type=_positive(float), default=60.0)
     t.add_argument("--run-timeout", type=_positive(float), default=30.0)
     t.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT", help="time on a device of this RPC tracker")

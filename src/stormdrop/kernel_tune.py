@@ -70,7 +70,7 @@ def tune_kernel(kernel: str | Kernel, *, target: str | dict | Target | None = No
     exploit = exploit if Phase.RAINDROP in phases else 0
     bar = _progress_bar(k.name, trials + exploit) if progress else None
     try:
-        with Gateway(tgt, measure) as gateway:
+        with Gateway(tgt, (measure or MeasureConfig()).for_kernels()) as gateway:
             task = TaskSession(database, gateway, k, tgt, seed, progress=bar)
             if bar is not None:
                 bar.update(min(task.spent(Phase.STORM), trials) + min(task.spent(Phase.RAINDROP), exploit))

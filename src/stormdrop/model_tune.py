@@ -130,7 +130,8 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
     model = spec if isinstance(spec, Model) else load_model(
         spec, input_shapes=input_shapes, batch=batch, resolution=resolution, seq_len=seq_len, seed=seed)
     deadline = start + time_budget if time_budget else float("inf")
-    if measure is not None and measure.rpc:
+    measure = (measure or MeasureConfig()).for_models(tgt)
+    if measure.rpc:
         in_model_candidates = 1  # the VM instrument times kernels only in this process
     fused, tasks = extract_tasks(model, tgt, lowering)
     storm_per_task = max(1, trials_per_task // 2)
@@ -174,7 +175,7 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
             result = ModelResult(canonical(tgt), model.name, 0.0, [s.result for s in sessions], stopped_by=stopped_by)
         # after the gateway is closed: its runners' devices (RPC) are free again for the model
         deployed = _compile_and_verify(result, model, fused, sessions, tgt, output, seed, start,
-                                       rpc=measure.rpc if measure is not None else None, untuned=untuned,
+                                       rpc=measure.rpc, untuned=untuned,
                                        candidates=in_model_candidates)
         database.note_model(model.name, {**note, "tuning_s": result.tuning_s, "latency_s": result.latency_s,
                                          "stopped_by": stopped_by, "deployed": deployed})
