@@ -271,6 +271,9 @@ def test_which_classes_are_related():
     silu, relu6 = ("T_add+T_multiply+compute+conv2d_nhwc+pad_temp:float32",
                    "T_add+T_maximum+T_minimum+conv2d_nhwc+pad_temp:float32")
     assert related(silu, relu6) == 2 and related(silu, relu6.replace("float32", "float16")) is None
+    fast_silu = "T_add+T_fast_exp+T_multiply+compute+conv2d_nhwc+pad_temp+sigmoid:float32"  # efficientnet's
+    assert related(fast_silu, relu6) is None  # 4 epilogue blocks, the task has 3
+    assert related(fast_silu, relu6.replace("T_minimum", "T_minimum+T_add+T_multiply")) == 2
     assert related(silu, "T_add+conv2d_nhwc+pad_temp:float32") is None  # more epilogues than the task has
 
 

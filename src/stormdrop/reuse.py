@@ -65,7 +65,8 @@ def nearest_factorization(old: list[int], extent: int, max_innermost: int = 0) -
     return out
 
 
-_EPILOGUE = re.compile(r"^(T_[a-z_]+|compute)$")  # TOPI's elementwise blocks (add, multiply, ReLU, ...)
+# TOPI's elementwise blocks (add, multiply, ReLU as compute, a fast sigmoid as T_fast_exp + sigmoid, ...)
+_EPILOGUE = re.compile(r"^(T_[a-z_]+|compute|sigmoid|tanh|erf)$")
 
 
 def block_kind(name: str) -> str:
