@@ -120,13 +120,17 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
         if args.keep_db:
             os.makedirs(args.keep_db, exist_ok=True)
             db_path = os.path.join(args.keep_db, f"{name}.db")
+
+        def tune(db: str, cache_flush: bool | None, untuned: bool = False):
+            return tune_model(model, target=target, trials=None if args.time_budget else args.trials,
+                              trials_per_task=args.trials_per_task, time_budget=args.time_budget,
+                              db=db, seed=args.seed, lowering=lowering, untuned=untuned,
+                              in_model_candidates=args.in_model_candidates,
+                              measure=MeasureConfig(cache_flush=cache_flush))
+
         t0 = time.monotonic()
         try:
-            r = tune_model(model, target=target, trials=None if args.time_budget else args.trials,
-                           trials_per_task=args.trials_per_task, time_budget=args.time_budget,
-                           db=db_path, seed=args.seed, lowering=lowering, untuned=True,
-                           in_model_candidates=args.in_model_candidates,
-                           measure=MeasureConfig(cache_flush={"auto": None, "on": True}.get(args.cache_flush, False)))
+            r = tune(db_path, {"auto": None, "on": True}.get(args.cache_flush, False), untuned=True)
             wall_s = time.monotonic() - t0  # with tune --model's own check (untuned build run, peers timed)
             with Database(db_path) as db:
                 ex, rows = tuned_build(model, db, target, lowering)
@@ -150,11 +154,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             out["stormdrop"] = {"status": f"failed: {short(err)}", "tuning_s": time.monotonic() - t0}
         if args.cache_flush == "ab":  # the same tuning, candidates timed with the caches flushed
             cold_db = db_path.replace(".db", "") + ".cold.db" if args.keep_db else os.path.join(tmp, "cold.sqlite")
-            t0 = time.monotonic()
-            rc = tune_model(model, target=target, trials=None if args.time_budget else args.trials,
-                            trials_per_task=args.trials_per_task, time_budget=args.time_budget,
-                            db=cold_db, seed=args.seed, lowering=lowering,
-                            in_model_candidates=args.in_model_candidates, measure=MeasureConfig(cache_flush=True))
+            rc = tune(cold_db, True)
             with Database(cold_db) as db:
                 ex_cold, rows_cold = tuned_build(model, db, target, lowering)
             task_times_in_model(ex_cold, inputs, target, rows_cold)

@@ -36,7 +36,7 @@ from .model_run import (
 )
 from .raindrop import RaindropConfig
 from .records import Phase
-from .reuse import open_donors
+from .reuse import block_names, open_donors
 from .storm import StormConfig
 from .target import canonical, parse_target
 from .tune import PHASES, TaskResult, TaskSession, TaskTuner, check_samples
@@ -74,9 +74,7 @@ def op_class(mod: tvm.IRModule, task_name: str = "") -> str:
     try:
         from tvm.s_tir import Schedule
 
-        sch = Schedule(mod)
-        blocks = sorted(re.sub(r"\d+$", "", sch.get(b).name_hint)
-                        for b in sch.get_child_blocks(sch.get_sblock("root")))
+        blocks = sorted(re.sub(r"\d+$", "", name) for name in block_names(Schedule(mod)))
         dtype = str(ms.arg_info.ArgInfo.from_prim_func(mod["main"])[-1].dtype)
         return "+".join(blocks) + ":" + dtype
     except Exception:  # noqa: BLE001 - an unusual kernel: its own name, counters dropped

@@ -98,7 +98,8 @@ def related(donor_class: str, op_class: str) -> int | None:
     return None
 
 
-def _block_names(sch: Schedule) -> list[str]:
+def block_names(sch: Schedule) -> list[str]:
+    """The names of the blocks under the root block, in order."""
     return [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
 
 
@@ -117,9 +118,9 @@ def _match_blocks(donor: Schedule, sch: Schedule) -> tuple[dict[str, str], list[
     """Donor block -> this workload's block: of the same kind, in order, then the donor's other
     elementwise epilogues to this workload's in order; and this workload's blocks left over (each
     an elementwise epilogue). None when a donor block has no counterpart."""
-    free = _block_names(sch)
+    free = block_names(sch)
     names, unmatched = {}, []
-    for name in _block_names(donor):
+    for name in block_names(donor):
         match = next((m for m in free if block_kind(m) == block_kind(name)), None)
         if match is None:
             unmatched.append(name)
