@@ -236,3 +236,38 @@ def test_a_version_1_database_is_upgraded_in_place(tmp_path: Path, mod, traces) 
         got = db.records(wid)
         assert got == stored and all(r.attempts == 1 for r in got)
         assert db._query("SELECT value FROM meta WHERE key='schema_version'") == [(str(SCHEMA_VERSION),)]
+
+
+def test_a_dead_owners_claims_lapse_and_a_live_ones_hold(tmp_path: Path) -> None:
+    """Claims (concurrent tuners): a candidate claimed by a live tuner is not handed out; one held by a
+    process of this host that no longer exists, or by another host's tuner silent for longer than
+    CLAIM_STALE_S, is taken over at once; a measured candidate is never handed out again."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from stormdrop._claims import CLAIM_STALE_S
+
+    host = socket.gethostname()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that no longer runs
+    with Database(tmp_path / "c.db") as db:
+        wid = db.commit_workload(matmul_mod(), name="mm", op_class="matmul", flops=1).workload_id
+        owners = {"live": f"{host}:{os.getpid()}:a", "dead": f"{host}:{dead.pid}:b",
+                  "remote-fresh": "elsewhere:1:c", "remote-silent": "elsewhere:2:d"}
+        for name, owner in owners.items():
+            assert db.claim(wid, TARGET_KEY, [name], owner) == set()
+        with db.transaction():  # the silent tuner was last heard of longer ago than CLAIM_STALE_S
+            db._query("UPDATE claims SET heartbeat=? WHERE owner=?", (time.time() - CLAIM_STALE_S - 1,
+                                                                      owners["remote-silent"]))
+        me = f"{host}:{os.getpid()}:me"
+        assert db.claim(wid, TARGET_KEY, list(owners), me) == {"live", "remote-fresh"}
+        held = dict(db._query("SELECT candidate_key, owner FROM claims"))
+        assert held == {"live": owners["live"], "remote-fresh": owners["remote-fresh"], "dead": me,
+                        "remote-silent": me}
+        db.commit_record(replace(make_record(wid, matmul_mod(), "t", MeasureResult(run_secs=SECS[0])),
+                                 candidate_key="dead"))
+        db.release(wid, TARGET_KEY, "dead", me)
+        assert db.claim(wid, TARGET_KEY, ["dead"], owners["live"]) == {"dead"}  # measured: its record is the result

@@ -8,12 +8,12 @@ import pytest
 
 from stormdrop import model_choice, model_run
 from stormdrop.database import candidate_key
-from stormdrop.model_choice import Candidate, choose
+from stormdrop.model_choice import Deployable, choose
 from stormdrop.model_tune import model_compiles, ranked_candidates
 
 
 def cands(n):
-    return [Candidate(f"trace{i}", 1e-5 * (1 + i / 10), f"key{i}") for i in range(n)]
+    return [Deployable(f"trace{i}", 1e-5 * (1 + i / 10), f"key{i}") for i in range(n)]
 
 
 @pytest.fixture
@@ -70,13 +70,17 @@ def test_one_candidate_each_compiles_once_and_times_nothing(fake_timing):
 def test_records_that_failed_verification_are_never_candidates():
     """verify_best fell back past the two best records (they failed their check): the candidates
     are the verified record, then only records ranked after it."""
-    records = [SimpleNamespace(trace_json=f"t{i}", mean=1e-5 * (i + 1), candidate_key=candidate_key(f"t{i}"))
-               for i in range(6)]
-    db = SimpleNamespace(best=lambda wid, target, k: records[:k])
+    records = [SimpleNamespace(trace_json=f"t{i}", mean=1e-5 * (i + 1), candidate_key=candidate_key(f"t{i}"),
+                               record_id=i + 1) for i in range(6)]
+    stored = list(records)
+    db = SimpleNamespace(best=lambda wid, target, k: stored[:k],
+                         lookup=lambda wid, target, key: next(r for r in records if r.candidate_key == key))
     session = SimpleNamespace(db=db, entry=SimpleNamespace(workload_id=1), target_key="llvm",
                               result=SimpleNamespace(trace_json="t2", latency_s=3.3e-5, fallbacks=2))
     got = ranked_candidates(session, 3)
     assert [c.trace_json for c in got] == ["t2", "t3", "t4"]
+    stored[:] = records[2:]  # verify_best stored the two as failed: no longer bests, the same candidates
+    assert [c.trace_json for c in ranked_candidates(session, 3)] == ["t2", "t3", "t4"]
     assert got[0].latency_s == 3.3e-5  # the verified record's re-measured time
     assert [c.trace_json for c in ranked_candidates(session, 1)] == ["t2"]
     session.result.trace_json = None  # no valid schedule: nothing to deploy

@@ -216,9 +216,11 @@ def test_a_transfer_keeps_every_decision_of_the_donor_nhwc_conv_with_packed_weig
 
 
 def _conv_epilogue(c, h, residual, act="relu"):
-    """A model-style fused NHWC conv task: conv2d + bias add [+ residual add] + ReLU, SiLU or ReLU6
-    (TOPI's blocks)."""
+    """A model-style fused NHWC conv task: conv2d + bias add [+ residual add] + ReLU, SiLU, a fast
+    SiLU (as fast-math legalizes it) or ReLU6 (TOPI's blocks)."""
     from tvm import te, topi
+
+    from stormdrop.fastmath import _fast_sigmoid
 
     x = te.placeholder((1, h, h, c), name="x")
     w = te.placeholder((3, 3, c, c), name="w")
@@ -230,16 +232,22 @@ def _conv_epilogue(c, h, residual, act="relu"):
         y = topi.add(y, r)
         args.append(r)
     out = {"relu": lambda: topi.nn.relu(y), "silu": lambda: topi.multiply(y, topi.sigmoid(y)),
+           "fast_silu": lambda: topi.multiply(y, _fast_sigmoid(y)),
            "relu6": lambda: topi.minimum(topi.maximum(y, 0.0), 6.0)}[act]()
     return tvm.IRModule({"main": te.create_prim_func([*args, out])})
 
 
 @pytest.mark.parametrize("donor_act, target_act, residual, rank", [("relu", "relu", True, 1),
-                                                                    ("silu", "relu6", False, 2)])
-def test_a_donor_with_fewer_or_other_epilogues_transfers_and_computes_right(donor_act, target_act, residual, rank):
+                                                                    ("silu", "relu6", False, 2),
+                                                                    ("fast_silu", "relu6", False, 3),
+                                                                    ("fast_silu", "relu", True, 3)])
+def test_a_donor_with_fewer_other_or_more_epilogues_transfers_and_computes_right(donor_act, target_act, residual,
+                                                                                 rank):
     """The paper's class is the main operator's: a conv + bias + ReLU schedule transfers to a conv with
     a residual add fused in too (the extra add inlined first), a conv + SiLU one to a conv + ReLU6 (the
-    epilogues taken in order); each transferred kernel computes the right answer."""
+    epilogues paired from the output back), a conv + fast SiLU one (five epilogue blocks) to a conv +
+    ReLU6 (three; the donor's extra inner ones left out of its trace); each transferred kernel computes
+    the right answer."""
     from stormdrop.model_tune import op_class
     from stormdrop.reuse import related
 
@@ -259,22 +267,23 @@ def test_a_donor_with_fewer_or_other_epilogues_transfers_and_computes_right(dono
 
 
 def test_which_classes_are_related():
-    """Only kernels of one main operator and dtype exchange schedules; a donor may have fewer
-    epilogues than the task, never more; numbers in block names do not count."""
+    """Only kernels of one main operator and dtype exchange schedules; a donor with more epilogues
+    than the task ranks last; numbers in block names do not count."""
     from stormdrop.model_tune import op_class
     from stormdrop.reuse import related
 
     donor, target = _conv_epilogue(16, 14, residual=False), _conv_epilogue(24, 10, residual=True)
-    assert related(op_class(target), op_class(donor)) is None  # the donor may not have more blocks
+    assert related(op_class(target), op_class(donor)) == 3  # more epilogue blocks in the donor: last
     assert related(op_class(donor), op_class(parse_kernel("matmul:M=8,N=8,K=8").mod)) is None
     assert related("T_divide+lv224_red:float32", "T_divide+lv85_red:float32") == 0  # numbers do not count
     silu, relu6 = ("T_add+T_multiply+compute+conv2d_nhwc+pad_temp:float32",
                    "T_add+T_maximum+T_minimum+conv2d_nhwc+pad_temp:float32")
     assert related(silu, relu6) == 2 and related(silu, relu6.replace("float32", "float16")) is None
     fast_silu = "T_add+T_fast_exp+T_multiply+compute+conv2d_nhwc+pad_temp+sigmoid:float32"  # efficientnet's
-    assert related(fast_silu, relu6) is None  # 4 epilogue blocks, the task has 3
+    assert related(fast_silu, relu6) == 3  # 5 epilogue blocks, the task has 3
     assert related(fast_silu, relu6.replace("T_minimum", "T_minimum+T_add+T_multiply")) == 2
-    assert related(silu, "T_add+conv2d_nhwc+pad_temp:float32") is None  # more epilogues than the task has
+    assert related(silu, "T_add+conv2d_nhwc+pad_temp:float32") == 3  # more epilogues than the task has
+    assert related("T_add+conv2d_nchw+pad_temp:float32", "T_add+conv2d_nhwc+pad_temp:float32") is None
 
 
 def test_exact_class_donors_come_before_related_ones(tmp_path):

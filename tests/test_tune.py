@@ -105,6 +105,47 @@ def test_kill_9_loses_nothing_and_the_rerun_measures_nothing_twice(tmp_path):
     assert len(keys) == len(set(keys)), "a schedule was measured twice"
 
 
+def test_a_kernel_killed_in_its_raindrop_resumes_it_and_measures_nothing_twice(tmp_path):
+    """SIGKILL once the raindrop has committed a few neighbours: the re-run keeps every record, runs
+    no storm again (its 8 trials are stored), goes on with the raindrop within its budget, and no
+    schedule is measured twice."""
+    db = tmp_path / "r.db"
+    args = ["tune", "--kernel", SPEC, "--trials", "8", "--exploit-trials", "24", "--batch-size", "4",
+            "--db", str(db), "--no-progress"]
+    proc = subprocess.Popen([sys.executable, "-m", "stormdrop", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if sum(r[-1] == "raindrop" for r in _phases(db)) >= 2:
+            break
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = _rows(db)
+    phases = [p for _, p in _phases(db)]
+    assert phases.count("storm") == 8 and 2 <= phases.count("raindrop") < 24, phases
+    out = tmp_path / "r.json"
+    result = _stormdrop(*args, "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    after = _rows(db)
+    assert after[: len(before)] == before, "records committed before the kill changed"
+    trials = json.loads(out.read_text())["tasks"][0]["trials"]
+    assert trials["storm"] == 0 and trials["raindrop"] == len(after) - len(before)
+    phases = [p for _, p in _phases(db)]
+    assert phases.count("storm") == 8 and phases.count("raindrop") <= 24
+    keys = [k for k, _ in _phases(db)]
+    assert len(keys) == len(set(keys)), "a schedule was measured twice"
+
+
+def _phases(db):
+    """(candidate key, phase) of every stored record, in order."""
+    try:
+        with sqlite3.connect(db) as con:
+            return con.execute("SELECT candidate_key, phase FROM records ORDER BY record_id").fetchall()
+    except sqlite3.Error:
+        return []
+
+
 class _KilledGateway:
     """A gateway whose process dies (KeyboardInterrupt stands in for the kill) after it has
     timed ``survive`` candidates of a batch; the results it had are real ones."""
@@ -193,7 +234,9 @@ def test_cli_json_export_import_show(tmp_path):
     assert set(doc) == {"target", "tuning_s", "tasks"}
     (task,) = doc["tasks"]
     assert set(task) == {"name", "workload", "flops", "latency_s", "verified", "fallbacks", "tuning_s", "trials",
-                         "history"}
+                         "stored", "history"}
+    assert task["stored"] == {"reuse": 0, "storm": task["trials"]["storm"], "raindrop": task["trials"]["raindrop"],
+                              "imported": 0, "failed": task["trials"]["failed"]}
     assert task["fallbacks"] == 0 and len(task["history"]) == sum(task["trials"][p] for p in ("storm", "raindrop"))
     assert task["verified"] is True and task["flops"] == 2 * 16 * 32 * 16 + 2 * 16 * 32
     assert set(task["trials"]) == {"reuse", "storm", "raindrop", "failed"}
@@ -212,6 +255,14 @@ def test_cli_json_export_import_show(tmp_path):
     assert r.returncode == 0, r.stderr
     r = _stormdrop("show", "--db", str(db2))
     assert r.returncode == 0 and "imported_" in r.stdout
+    # the JSON's "stored" counts what the database holds: imported records apart, spending nothing
+    out2 = tmp_path / "r2.json"
+    r = _stormdrop("tune", "--kernel", "dense_bias_relu:M=16,N=32,K=16", "--trials", "4", "--exploit-trials", "0",
+                   "--db", str(db2), "--json", str(out2), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    (task2,) = json.loads(out2.read_text())["tasks"]
+    n = sum(task["stored"][p] for p in ("storm", "raindrop"))
+    assert task2["trials"]["storm"] == 4 and task2["stored"]["imported"] == n and task2["stored"]["storm"] == 4
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -325,7 +376,8 @@ def test_two_tuners_on_one_database_never_measure_a_candidate_twice(tmp_path):
 
 def test_verification_falls_back_re_measures_and_is_never_claimed_unchecked(tmp_path, traces):
     """The best record fails its check: the next one is used, with its re-measured latency, and the
-    result says how many better records failed. Outputs not checked: never "verified"."""
+    result says how many better records failed; the failed record is stored as failed (a timeout is
+    not). Outputs not checked: never "verified"."""
     from dbutil import TARGET, matmul_mod
 
     from stormdrop.measure import MeasureConfig
@@ -345,7 +397,18 @@ def test_verification_falls_back_re_measures_and_is_never_claimed_unchecked(tmp_
         verify_best(session)
         assert session.result.verified and session.result.fallbacks == 1
         assert session.result.latency_s == pytest.approx(2.5e-3)  # re-measured, not the stored 2e-3
-        assert session.result.trace_json == db.records(db.find_workload(mod).workload_id)[1].trace_json
+        records = db.records(db.find_workload(mod).workload_id)
+        assert session.result.trace_json == records[1].trace_json
+        # the wrong one is stored as failed: never a best again, so the next run starts from record 2
+        assert records[0].result.error == ErrorKind.WRONG_RESULT and records[0].attempts == 2
+        assert [r.record_id for r in db.best(records[0].workload_id, records[0].target, k=3)] == [
+            records[1].record_id, records[2].record_id]
+        # a timeout may not happen again: the record is tried, passed over, and kept as it was
+        flaky = _ScriptedGateway([MeasureResult.failure(ErrorKind.RUN_TIMEOUT, "busy"), ok(3.1e-3)])
+        session = TaskSession(db, flaky, kernel, TARGET, 0)
+        verify_best(session)
+        assert session.result.fallbacks == 1 and session.result.trace_json == records[2].trace_json
+        assert db.records(records[1].workload_id)[1].result.ok
         unchecked = _ScriptedGateway([ok(1.1e-3)])
         unchecked.config = MeasureConfig(check_correctness=False)
         session = TaskSession(db, unchecked, kernel, TARGET, 0)

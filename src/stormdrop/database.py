@@ -257,9 +257,10 @@ class Database(Claims):
         """``commit_record``, and whether the candidate was new (False: it was already stored)."""
         return self._commit_record(record)
 
-    def commit_retry(self, record: Record, result: MeasureResult, measured_at: float, versions: str) -> Record:
-        """Store a re-measurement of a stored record (a retryable failure): its result replaces the
-        failure, its attempts go up by one, committed before this returns."""
+    def commit_remeasure(self, record: Record, result: MeasureResult, measured_at: float, versions: str) -> Record:
+        """Store a re-measurement of a stored record (a retryable failure measured once more, or a best
+        record that failed its verification for good): its result replaces the stored one, its
+        attempts go up by one, committed before this returns."""
         run_secs = None if result.run_secs is None else json.dumps([float(x) for x in result.run_secs])
         mean = result.mean if result.ok and math.isfinite(result.mean) else None
         error = None if result.error is None else ErrorKind(result.error).value

@@ -115,6 +115,7 @@ def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights:
         t0 = time.monotonic()
         tuner.finish()
         verify_best(session)
+        session.result.stored = session.tally()
         session.result.tuning_s += time.monotonic() - t0
         session.result.weight = weight
     return stopped_by

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Candidate:
+class Deployable:
     """One task's schedule that may be deployed: a stored record's trace and its time as tuned."""
 
     trace_json: str
@@ -56,7 +56,7 @@ class Choice:
         return sum(p != 0 for p in self.picks)
 
 
-def choose(names: Sequence[str], ranked: Sequence[Sequence[Candidate]], build: Callable[[list[int]], Any],
+def choose(names: Sequence[str], ranked: Sequence[Sequence[Deployable]], build: Callable[[list[int]], Any],
            inputs: dict[str, np.ndarray], target: Target, *, rounds: int = 2, runs: int = 10) -> Choice:
     """Pick, per task, the candidate whose kernel runs fastest inside the compiled model.
 

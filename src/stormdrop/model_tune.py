@@ -26,7 +26,7 @@ from .display import ModelDisplay, TaskLine, eta_s
 from .driver import Budget, drive, measured
 from .lowering import Lowering
 from .measure import Gateway, MeasureConfig
-from .model_choice import Candidate, choose
+from .model_choice import Deployable, choose
 from .model_run import (
     commit_best,
     compile_model,
@@ -206,23 +206,24 @@ def model_compiles(in_model_candidates: int) -> int:
     return 1 if in_model_candidates < 2 else in_model_candidates + 1
 
 
-def ranked_candidates(session: TaskSession, k: int) -> list[Candidate]:
+def ranked_candidates(session: TaskSession, k: int) -> list[Deployable]:
     """The task's best record as verified after tuning (``verify_best``), then the next records
     by stored time, ``k`` in all. Records ranked above the verified one failed verification
     and are never candidates."""
     if not session.result.trace_json:
         return []
-    first = Candidate(session.result.trace_json, session.result.latency_s or 0.0,
+    first = Deployable(session.result.trace_json, session.result.latency_s or 0.0,
                       candidate_key(session.result.trace_json))
     if k < 2:
         return [first]
+    verified = session.db.lookup(session.entry.workload_id, session.target_key, first.candidate_key)
     records = session.db.best(session.entry.workload_id, session.target_key, k=session.result.fallbacks + k)
-    rest = [Candidate(r.trace_json, r.mean, r.candidate_key) for r in records[session.result.fallbacks:]
-            if r.candidate_key != first.candidate_key]
+    rest = [Deployable(r.trace_json, r.mean, r.candidate_key) for r in records
+            if verified is None or (r.mean, r.record_id) > (verified.mean, verified.record_id)]
     return [first] + rest[:k - 1]
 
 
-def _ms_database(sessions: list[TaskSession], ranked: list[list[Candidate]], picks: list[int],
+def _ms_database(sessions: list[TaskSession], ranked: list[list[Deployable]], picks: list[int],
                  target: Target) -> ms.database.MemoryDatabase:
     """A MetaSchedule database holding candidate ``picks[i]`` of each task that has one."""
     mdb = ms.database.MemoryDatabase()

@@ -8,8 +8,11 @@ workload's less some elementwise epilogue (a convolution + bias + ReLU for one
 with a residual add fused in as well): the extra epilogue blocks are inlined
 first, so the donor's trace meets the loop nests it was written for; then donors
 with the same main blocks and other elementwise epilogues (SiLU for ReLU6), no
-more of them: the trace treats this workload's epilogues in order as it treated
-its own. Blocks are matched by kind, counters and variable numbers left out
+more of them: the trace treats this workload's epilogues as it treated its own,
+paired from the output back; last, donors with more epilogues than this workload
+(a fast SiLU's five blocks for ReLU6's three): the donor's extra inner epilogues
+are left out of its trace (the instructions that touch them, nothing else).
+Blocks are matched by kind, counters and variable numbers left out
 (``lv224_red`` is ``lv85_red``), in order.
 Tile factorizations that do not fit the new loop extents are mapped to the
 nearest valid factorization (inner levels first: they hold the register tile
@@ -84,7 +87,8 @@ def related(donor_class: str, op_class: str) -> int | None:
     """How near a donor's class is to this one (None: unrelated). 0: the same blocks; 1: the donor's
     blocks are this class's less some elementwise epilogues (inlined before its trace is replayed);
     2: the same main blocks, the donor's epilogues other elementwise ops, no more of them than here
-    (conv + bias + SiLU for conv + bias + ReLU6: its trace treats them in order)."""
+    (conv + bias + SiLU for conv + bias + ReLU6: paired from the output back); 3: the same main
+    blocks, more epilogues in the donor (its extra inner ones left out of its trace)."""
     (a, da), (b, db) = class_blocks(donor_class), class_blocks(op_class)
     if da != db:
         return None
@@ -93,8 +97,8 @@ def related(donor_class: str, op_class: str) -> int | None:
     if not (a - b) and all(_EPILOGUE.match(k) for k in b - a):
         return 1
     main_a, main_b = (Counter({k: n for k, n in c.items() if not _EPILOGUE.match(k)}) for c in (a, b))
-    if main_a and main_a == main_b and a.total() - main_a.total() <= b.total() - main_b.total():
-        return 2
+    if main_a and main_a == main_b:
+        return 2 if a.total() - main_a.total() <= b.total() - main_b.total() else 3
     return None
 
 
@@ -103,39 +107,57 @@ def block_names(sch: Schedule) -> list[str]:
     return [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
 
 
-def _renamed(trace: Trace, names: dict[str, str]) -> Trace:
-    """``trace`` with its block lookups renamed (``names``: donor block -> this workload's)."""
-    insts = []
-    for inst in trace.insts:
-        if inst.kind.name == "GetSBlock" and str(inst.attrs[0]) in names:
-            inst = Instruction(inst.kind, inst.inputs, [names[str(inst.attrs[0])], inst.attrs[1]], inst.outputs)
+def _renamed(trace: Trace, names: dict[str, str], dropped: Sequence[str] = ()) -> Trace:
+    """``trace`` with its block lookups renamed (``names``: donor block -> this workload's) and
+    the blocks in ``dropped`` left out: their lookups and every instruction that uses what those
+    produced (an inlining, say), nothing else."""
+    insts, decisions, dead = [], {}, []
+    for old in trace.insts:
+        lookup = str(old.attrs[0]) if old.kind.name == "GetSBlock" else None
+        if lookup in dropped or any(_uses(x, dead) for x in old.inputs):
+            dead.extend(old.outputs)
+            continue
+        inst = old
+        if lookup in names:
+            inst = Instruction(old.kind, old.inputs, [names[lookup], old.attrs[1]], old.outputs)
         insts.append(inst)
-    return Trace(insts, {insts[i]: trace.decisions[old] for i, old in enumerate(trace.insts)
-                         if old in trace.decisions})
+        if old in trace.decisions:
+            decisions[inst] = trace.decisions[old]
+    return Trace(insts, decisions)
 
 
-def _match_blocks(donor: Schedule, sch: Schedule) -> tuple[dict[str, str], list[str]] | None:
-    """Donor block -> this workload's block: of the same kind, in order, then the donor's other
-    elementwise epilogues to this workload's in order; and this workload's blocks left over (each
-    an elementwise epilogue). None when a donor block has no counterpart."""
-    free = block_names(sch)
+def _uses(value, dead: list) -> bool:
+    """Whether an instruction input is (or lists) one of the random variables in ``dead``."""
+    if value is None or isinstance(value, (int, float, str)):
+        return False
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
+        return any(_uses(v, dead) for v in value)
+    return any(value.same_as(d) for d in dead)
+
+
+def _match_blocks(donor: Schedule, sch: Schedule) -> tuple[dict[str, str], list[str], list[str]] | None:
+    """Donor block -> this workload's block: the output blocks when both are elementwise epilogues
+    (the one a schedule computes at the main block's tiles), then blocks of the same kind, in
+    order, then the donor's other elementwise epilogues to this workload's, paired from the last
+    back; this workload's blocks left over (each an elementwise epilogue, to inline first); and
+    the donor's left over (each an inner elementwise epilogue, to leave out of its trace). None
+    when a donor block has no counterpart."""
+    free, theirs = block_names(sch), block_names(donor)
     names, unmatched = {}, []
-    for name in block_names(donor):
+    if _EPILOGUE.match(block_kind(theirs[-1])) and _EPILOGUE.match(block_kind(free[-1])):
+        names[theirs.pop()] = free.pop()
+    for name in theirs:
         match = next((m for m in free if block_kind(m) == block_kind(name)), None)
         if match is None:
             unmatched.append(name)
             continue
         free.remove(match)
         names[name] = match
-    for name in unmatched:
-        match = next((m for m in free if _EPILOGUE.match(block_kind(m))), None)
-        if match is None or not _EPILOGUE.match(block_kind(name)):
-            return None
-        free.remove(match)
-        names[name] = match
-    if not all(_EPILOGUE.match(block_kind(m)) for m in free):
+    if not all(_EPILOGUE.match(block_kind(m)) for m in free + unmatched):
         return None
-    return names, free
+    n = min(len(free), len(unmatched))
+    names.update(zip(unmatched[len(unmatched) - n:], free[len(free) - n:]))
+    return names, free[:len(free) - n], unmatched[:len(unmatched) - n]
 
 
 def _inline(sch: Schedule, name: str) -> None:
@@ -149,17 +171,21 @@ def _inline(sch: Schedule, name: str) -> None:
 
 def transfer(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModule, postprocs: list) -> Schedule | None:
     """The donor's schedule replayed on ``mod`` (blocks matched by kind, this workload's extra
-    elementwise epilogues inlined first, tiles refitted); None when it does not apply."""
+    elementwise epilogues inlined first, the donor's extra ones left out of its trace, tiles
+    refitted); None when it does not apply."""
     try:
         donor = _tvm.schedule_from_trace_json(donor_mod, donor_trace_json)
         sch = Schedule(mod)
-        matched = _match_blocks(Schedule(donor_mod), sch)
+        unscheduled = Schedule(donor_mod)
+        matched = _match_blocks(unscheduled, sch)
         if matched is None:
             return None
-        names, extra = matched
+        names, extra, dropped = matched
+        if block_names(unscheduled)[-1] in dropped:
+            return None  # the donor's output block has no counterpart here
         for name in extra:
             _inline(sch, name)
-        trace = _renamed(donor.trace, names)
+        trace = _renamed(donor.trace, names, dropped)
 
         def refit(inst, inputs, attrs, decision):
             if inst.kind.name == "SamplePerfectTile":
@@ -181,7 +207,7 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int | Non
            others: Sequence[Database] = ()) -> list[tuple[WorkloadEntry, str]]:
     """(workload, best trace) of the other workloads of a related class (at most ``limit``): the
     same class first, then the same less elementwise epilogues, then the same main operator with
-    other epilogues (``related``); within each, nearest shapes first (``shape_distance``, then FLOPs).
+    other epilogues, then with more of them (``related``); within each, nearest shapes first (``shape_distance``, then FLOPs).
 
     ``others``: more databases to draw donors from (``--reuse-from``, read only); there the same
     workload counts too (tuned for another model, say), and comes first.

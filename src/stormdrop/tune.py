@@ -51,6 +51,7 @@ class TaskResult:
     history: list[Trial] = field(default_factory=list)  # this run's measured trials, in order
     weight: int = 1  # occurrences in a model
     fallbacks: int = 0  # better records that failed verification (0: the best record itself was verified)
+    stored: dict[str, int] = field(default_factory=dict)  # the database's records of the task, this run's included
 
     @property
     def gflops(self) -> float | None:
@@ -60,7 +61,8 @@ class TaskResult:
         return {"name": self.name, "workload": self.workload, "flops": int(self.flops),
                 "latency_s": self.latency_s, "verified": self.verified, "fallbacks": self.fallbacks,
                 "tuning_s": round(self.tuning_s, 3),
-                "trials": dict(self.trials), "history": [t.to_json() for t in self.history]}
+                "trials": dict(self.trials), "stored": dict(self.stored),
+                "history": [t.to_json() for t in self.history]}
 
 
 class TaskSession:
@@ -85,6 +87,14 @@ class TaskSession:
         recs = self.db.records(self.entry.workload_id, self.target_key)
         return [r for r in recs if phase is None or r.phase == phase]
 
+    def tally(self) -> dict[str, int]:
+        """The task's stored records (every run's): measured per phase, imported, failed."""
+        recs = self.stored()
+        out = {p.value: sum(r.phase == p and not r.versions.startswith("imported:") for r in recs) for p in Phase}
+        out["imported"] = sum(r.versions.startswith("imported:") for r in recs)
+        out["failed"] = sum(not r.ok for r in recs)
+        return out
+
     def spent(self, phase: Phase | None = None) -> int:
         """Trials earlier runs spent on this task (in ``phase``): the budget ledger. Records imported
         from MetaSchedule were measured by another tuner and spend nothing here."""
@@ -105,7 +115,7 @@ class TaskSession:
                 todo.append(i)
                 if rec is not None:  # a retryable failure (run timeout, runner crash): measured once more
                     retry[i] = rec
-        versions = f"stormdrop {__version__}; tvm {tvm.__version__}"
+        versions = _versions()
         wid, tgt = self.entry.workload_id, self.target_key
         # another tuner on this database measures these right now: take its results, measure the rest
         elsewhere = self.db.claim(wid, tgt, [cands[i].key for i in todo if not cands[i].remeasure], OWNER)
@@ -120,7 +130,7 @@ class TaskSession:
                 return
             fresh[i] = True
             if i in retry:
-                self.db.commit_retry(retry[i], r, time.time(), versions)
+                self.db.commit_remeasure(retry[i], r, time.time(), versions)
             else:
                 _, new = self.db.commit_record_new(Record(wid, tgt, c.key, c.trace_json, _args_json(c), r, c.phase,
                                                           time.time(), versions))
@@ -192,6 +202,10 @@ def check_samples(measure: object, phases: Sequence[Phase], exploit_trials: int)
     repeat = getattr(measure, "repeat", 2)
     if Phase.RAINDROP in phases and exploit_trials > 0 and repeat < 2:
         raise SpecError(f"--repeat must be >= 2: the raindrop's t-test compares samples, got {repeat}")
+
+
+def _versions() -> str:
+    return f"stormdrop {__version__}; tvm {tvm.__version__}"
 
 
 def _finite(x: float) -> float | None:
@@ -344,11 +358,13 @@ class TaskTuner:
                         config=self.raindrop_config, rank=self.storm.predict, register_tiles=jumps)
 
 
-def verify_best(task: TaskSession, k: int = 3) -> None:
+def verify_best(task: TaskSession, k: int = 8) -> None:
     """Rebuild the best stored schedules from their traces and measure them again; the first that
     checks out wins, with its re-measured latency (a stored best is the luckiest of many noisy
     samples). ``verified`` only when outputs were checked (``MeasureConfig.check_correctness``);
-    ``fallbacks``: how many better records failed (said in the table and the JSON)."""
+    ``fallbacks``: how many better records failed (said in the table and the JSON). A record that
+    fails for good (a wrong result, a build or run error: not a timeout) is stored as failed, so it is
+    never a best again: the next run, and ``bench``, start from the next one. At most ``k`` tried."""
     config = getattr(task.gateway, "config", None)
     checked = config is None or config.check_correctness
     for rank, rec in enumerate(task.db.best(task.entry.workload_id, task.target_key, k=k)):
@@ -368,3 +384,5 @@ def verify_best(task: TaskSession, k: int = 3) -> None:
                             rank, rec.record_id)
             return
         log.warning("best record %s failed verification: %s", rec.record_id, check.error_msg)
+        if not check.error.retryable:
+            task.db.commit_remeasure(rec, check, time.time(), _versions())
