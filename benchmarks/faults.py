@@ -4,13 +4,17 @@ For each scenario, one uninterrupted run on its own database is the reference. T
 cycles on fresh databases, the same command is started and killed (SIGKILL to its process
 group, so its workers die too) at a random moment, again and again until a run finishes
 before its kill, and once more run to the end; cycles follow until ``--kills`` kills were
-delivered. The concurrent scenario starts two identical tunes on one database, kills one at
+delivered. The reuse scenario is the kernel's with transfers first (``--reuse-from`` a
+database of four other matmul shapes tuned beforehand), so kills land in its reuse, storm and
+raindrop phases. The concurrent scenario starts two identical tunes on one database, kills one at
 a random moment, and re-runs both. Printed per scenario:
 
 - records lost: rows present right after a kill that are missing, or changed, at the end
   (a retried run timeout may change; nothing else may);
 - measured twice: "measured twice" warnings of any run (a candidate measured although its
   record existed; claims and lookups exist to prevent it);
+- kills by phase: the phase of the last record committed before each kill (``none``: before
+  the first);
 - records and best latency at the end of each cycle, against the uninterrupted run's (the
   ledger caps the count at the uninterrupted run's; a killed raindrop that restarts may
   converge with fewer; the best latencies differ by timing noise and search path).
@@ -31,8 +35,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 
 KERNEL = ["--kernel", "matmul:M=64,N=64,K=64", "--trials", "24", "--exploit-trials", "16", "--batch-size", "4"]
+DONORS = ["matmul:M=32,N=32,K=32", "matmul:M=48,N=48,K=48", "matmul:M=96,N=96,K=96", "matmul:M=128,N=64,K=64"]
 MODEL = ["--model", "resnet18", "--resolution", "32", "--trials", "40", "--trials-per-task", "4",
          "--batch-size", "4"]
 
@@ -61,6 +67,31 @@ def best(db: str) -> float | None:
         return row.fetchone()[0]
     finally:
         con.close()
+
+
+def last_phase(db: str) -> str:
+    """The phase of the record committed last (``none``: no record yet)."""
+    if not os.path.exists(db):
+        return "none"
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+    try:
+        row = con.execute("SELECT phase FROM records ORDER BY record_id DESC LIMIT 1").fetchone()
+    except sqlite3.Error:
+        row = None
+    finally:
+        con.close()
+    return row[0] if row else "none"
+
+
+def donor_db(tmp: str) -> str:
+    """A database of four other matmul shapes, each tuned with 8 storm trials: the reuse scenario's donors."""
+    db = os.path.join(tmp, "donors.db")
+    for spec in DONORS:
+        cmd = [sys.executable, "-m", "stormdrop", "tune", "--kernel", spec, "--trials", "8", "--phases", "storm",
+               "--db", db, "--no-progress"]
+        if subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True).returncode != 0:
+            raise SystemExit(f"tuning the donor {spec} failed")
+    return db
 
 
 def start(args: list[str], db: str, log: str) -> subprocess.Popen:
@@ -100,7 +131,7 @@ def scenario(name: str, args: list[str], kills: int, rng: random.Random, tmp: st
     if ref.wait() != 0:
         raise SystemExit(f"{name}: the uninterrupted run failed; see {logs[2]}")
     duration = time.monotonic() - t0
-    done, runs, n_lost, ok, finals = 0, 1, 0, True, []
+    done, runs, n_lost, ok, finals, phases = 0, 1, 0, True, [], Counter()
     while done < kills:
         db, snapshots = os.path.join(tmp, f"{name}_{len(finals)}.db"), []
         while done < kills:
@@ -114,6 +145,7 @@ def scenario(name: str, args: list[str], kills: int, rng: random.Random, tmp: st
                 break
             kill(victim)
             done += 1
+            phases[last_phase(db)] += 1
             snapshots.append(rows(db))
             for p in procs:
                 if p is not victim:
@@ -127,7 +159,7 @@ def scenario(name: str, args: list[str], kills: int, rng: random.Random, tmp: st
     counts = sorted(n for n, _ in finals)
     bests = sorted(b for _, b in finals if b)
     return {"scenario": name, "runs": runs, "kills": done, "cycles": len(finals), "records_lost": n_lost,
-            "measured_twice": twice(logs[:2]), "final_ok": ok,
+            "measured_twice": twice(logs[:2]), "final_ok": ok, "kills_by_phase": dict(phases),
             "records": f"{counts[0]}-{counts[-1]}" if counts[0] != counts[-1] else str(counts[0]),
             "records_uninterrupted": len(rows(ref_db)), "best_s": bests[len(bests) // 2] if bests else None,
             "best_uninterrupted_s": best(ref_db), "uninterrupted_s": duration}
@@ -142,22 +174,26 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="stormdrop-faults-") as tmp:
+        reuse = [*KERNEL, "--reuse", "8", "--reuse-from", donor_db(tmp)]
         results = [scenario("kernel", KERNEL, args.kills, rng, tmp, False),
+                   scenario("reuse", reuse, args.kills, rng, tmp, False),
                    scenario("model", MODEL, args.kills, rng, tmp, False),
                    scenario("concurrent", KERNEL, args.kills, rng, tmp, True)]
     lines = [f"## Faults, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- command: `benchmarks/faults.py --kills {args.kills} --seed {args.seed}`",
-             f"- kernel: `{' '.join(KERNEL)}`; model: `{' '.join(MODEL)}`; concurrent: two kernel tunes on one "
-             "database, one of them killed each round",
+             f"- kernel: `{' '.join(KERNEL)}`; reuse: the kernel's with `--reuse 8 --reuse-from` a database of "
+             f"{', '.join(DONORS)} (8 storm trials each); model: `{' '.join(MODEL)}`; concurrent: two kernel tunes "
+             "on one database, one of them killed each round",
              "- a cycle: a fresh database, runs killed at random moments until one finishes, then one more run; "
              "records: each cycle's final count (a range over cycles); best: the median cycle's sum of the "
              "tasks' best latencies", "",
-             "| scenario | runs | kills | cycles | records lost | measured twice | final runs ok | records | records "
-             "(uninterrupted) | best (us) | best uninterrupted (us) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| scenario | runs | kills | kills by phase | cycles | records lost | measured twice | final runs ok "
+             "| records | records (uninterrupted) | best (us) | best uninterrupted (us) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         us = lambda s: f"{s * 1e6:.1f}" if s else "n/a"  # noqa: E731
-        lines.append(f"| {r['scenario']} | {r['runs']} | {r['kills']} | {r['cycles']} | {r['records_lost']} "
+        by_phase = ", ".join(f"{p} {n}" for p, n in sorted(r["kills_by_phase"].items()))
+        lines.append(f"| {r['scenario']} | {r['runs']} | {r['kills']} | {by_phase} | {r['cycles']} | {r['records_lost']} "
                      f"| {r['measured_twice']} "
                      f"| {'yes' if r['final_ok'] else 'NO'} | {r['records']} | {r['records_uninterrupted']} "
                      f"| {us(r['best_s'])} | {us(r['best_uninterrupted_s'])} |")

@@ -94,6 +94,9 @@ class _Session:
         self.result = SimpleNamespace(trials={"reuse": 0, "storm": 0, "raindrop": 0, "failed": 0}, tuning_s=0.0,
                                       weight=0)
 
+    def tally(self):
+        return {}
+
 
 def test_a_resumed_drive_goes_on_with_the_tasks_an_earlier_run_never_reached(monkeypatch):
     # tasks 0 and 1 were measured by a killed run (finite best, 8 trials spent); task 2 never was.
