@@ -22,7 +22,7 @@ import tvm.s_tir.meta_schedule as ms
 from . import _tvm
 from .database import Database, WorkloadEntry, candidate_key, canonical_target
 from .errors import DatabaseError, one_line
-from .records import ErrorKind, MeasureResult, Phase, Record
+from .records import IMPORTED, ErrorKind, MeasureResult, Phase, Record
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ def import_metaschedule(db: Database, in_dir: str) -> int:
             result=result,
             phase=Phase.STORM,
             measured_at=now,
-            versions=f"imported:metaschedule tvm={tvm.__version__}",
+            versions=f"{IMPORTED}metaschedule tvm={tvm.__version__}",
         )
         prepared.append((mod, record))
 

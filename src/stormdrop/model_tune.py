@@ -213,7 +213,7 @@ def ranked_candidates(session: TaskSession, k: int) -> list[Deployable]:
     if not session.result.trace_json:
         return []
     first = Deployable(session.result.trace_json, session.result.latency_s or 0.0,
-                      candidate_key(session.result.trace_json))
+                       candidate_key(session.result.trace_json))
     if k < 2:
         return [first]
     verified = session.db.lookup(session.entry.workload_id, session.target_key, first.candidate_key)

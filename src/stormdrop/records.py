@@ -37,6 +37,9 @@ class ErrorKind(str, Enum):
         return self in (ErrorKind.RUN_TIMEOUT, ErrorKind.RUNNER_CRASH)
 
 
+IMPORTED = "imported:"  # the versions prefix of a record imported from another tuner's database
+
+
 @dataclass(frozen=True)
 class MeasureResult:
     """Outcome of measuring one candidate: times in seconds, or a typed error."""
@@ -91,6 +94,11 @@ class Record:
     def retry_due(self) -> bool:
         """A retryable failure not yet retried."""
         return self.result.error is not None and self.result.error.retryable and self.attempts < 2
+
+    @property
+    def imported(self) -> bool:
+        """Measured by another tuner (``stormdrop import``): it spent no budget of stormdrop's."""
+        return self.versions.startswith(IMPORTED)
 
     @property
     def ok(self) -> bool:

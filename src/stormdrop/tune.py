@@ -90,15 +90,15 @@ class TaskSession:
     def tally(self) -> dict[str, int]:
         """The task's stored records (every run's): measured per phase, imported, failed."""
         recs = self.stored()
-        out = {p.value: sum(r.phase == p and not r.versions.startswith("imported:") for r in recs) for p in Phase}
-        out["imported"] = sum(r.versions.startswith("imported:") for r in recs)
+        out = {p.value: sum(r.phase == p and not r.imported for r in recs) for p in Phase}
+        out["imported"] = sum(r.imported for r in recs)
         out["failed"] = sum(not r.ok for r in recs)
         return out
 
     def spent(self, phase: Phase | None = None) -> int:
         """Trials earlier runs spent on this task (in ``phase``): the budget ledger. Records imported
         from MetaSchedule were measured by another tuner and spend nothing here."""
-        return sum(not r.versions.startswith("imported:") for r in self.stored(phase))
+        return sum(not r.imported for r in self.stored(phase))
 
     def evaluate(self, cands: list[Candidate]) -> list[MeasureResult]:
         """Results for candidates: from the database when stored, else measured and committed.
