@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import tvm
@@ -70,3 +72,20 @@ def dump(path: Path) -> list[str]:
         return list(conn.iterdump())
     finally:
         conn.close()
+
+
+SPEC = "matmul:M=64,N=64,K=64"  # the end-to-end tests' tiny kernel
+
+
+def stormdrop_cli(*args, timeout=600):
+    """``python -m stormdrop ARGS``, its output captured."""
+    return subprocess.run([sys.executable, "-m", "stormdrop", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def stored_rows(db_path):
+    """Every row of a database's records table, in order."""
+    with sqlite3.connect(db_path) as con:
+        table = [t for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'")
+                 if "record" in t][0]
+        return con.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall()
