@@ -79,6 +79,36 @@ def test_storm_with_prior_predicts_before_any_measurement():
     cold.close()
 
 
+def test_the_cost_model_trains_only_when_it_is_used():
+    """Retraining on the prior takes seconds a task: transfers told to the storm are learnt when
+    the model ranks something (a storm batch, the raindrop), so a reuse-only run trains nothing."""
+    from stormdrop.records import MeasureResult
+
+    kernel = parse_kernel("matmul:M=32,N=32,K=32")
+    source = Storm(kernel.mod, host_target(), trials=8, seed=0, config=StormConfig(population_size=16))
+    cands = source.propose()
+    source.close()
+    storm = Storm(kernel.mod, host_target(), trials=8, seed=0, config=StormConfig(population_size=16))
+    model = storm.cost_model
+    start = model.data_size  # the prior's samples, when there is one
+
+    def trained() -> int:  # what the model was trained on of this workload
+        return model.data_size - start
+
+    storm.absorb(cands[:3], [MeasureResult(run_secs=(1e-5 * (i + 1),) * 2) for i in range(3)])
+    storm.absorb(cands[3:5], [MeasureResult(run_secs=(2e-5,) * 2)] * 2)
+    assert trained() == 0 and storm.measured == 5 and storm.remaining == 3
+    storm.predict(cands[:2])
+    assert trained() == 5  # both transfers at once, when first used
+    batch = storm.propose(limit=2)
+    assert len(batch) == 2 and trained() == 5
+    storm.tell(batch, [MeasureResult(run_secs=(3e-5,) * 2)] * len(batch))
+    assert trained() == 5
+    storm.propose()
+    assert trained() == 7  # the next batch is ranked by a model that saw the last
+    storm.close()
+
+
 def _load_script(rel: str):
     import importlib.util
     from pathlib import Path

@@ -131,7 +131,8 @@ class Storm:
             self.cost_model = ms.cost_model.CostModel.create(cfg.cost_model)
         self._pending: list[ms.MeasureCandidate] = []
         self.remaining = trials
-        self.measured = 0  # measurements of this workload the model has seen
+        self.measured = 0  # measurements of this workload the model has been told
+        self._untrained: tuple[list, list] = ([], [])  # told, not yet trained on (see ``_trained``)
         self._seen: set[str] = set()  # keys of candidates proposed or learnt
         self._learn(history)
         self._cold_ctx: ms.TuneContext | None = None
@@ -178,9 +179,7 @@ class Storm:
             return
         cands = [c.measure_candidate for c, _ in history]
         self._seen.update(c.key for c, _ in history)
-        results = [to_runner_result(r) for _, r in history]
-        self.cost_model.update(self.ctx, cands, results)
-        self.measured += len(cands)
+        self._told(cands, [to_runner_result(r) for _, r in history])
         self._commit(cands, [r for _, r in history])
 
     def absorb(self, candidates: list[Candidate], results: list[MeasureResult],
@@ -189,6 +188,21 @@ class Storm:
         ``fresh`` ones only: a stored result was charged when it was measured)."""
         self._learn(list(zip(candidates, results)))
         self.remaining -= len(candidates) if fresh is None else sum(map(bool, fresh))
+
+    def _told(self, cands: list[ms.MeasureCandidate], results: list[ms.runner.RunnerResult]) -> None:
+        self._untrained[0].extend(cands)
+        self._untrained[1].extend(results)
+        self.measured += len(cands)
+
+    def _trained(self) -> ms.cost_model.CostModel:
+        """The cost model, trained on all it was told, when it is about to be used. XGBoost retrains
+        on the prior and every measurement at each update (seconds on 2 cores): a reuse-only run never
+        uses the model, and reuse's transfers and the first storm batch are one training, not two."""
+        cands, results = self._untrained
+        if cands:
+            self._untrained = ([], [])
+            self.cost_model.update(self.ctx, cands, results)
+        return self.cost_model
 
     def _commit(self, cands: list[ms.MeasureCandidate], results: list[MeasureResult]) -> None:
         for cand, result in zip(cands, results):
@@ -204,6 +218,7 @@ class Storm:
         """
         if self.remaining <= 0:
             return None
+        self._trained()  # the evolution ranks its population with the model
         pool = list(self._search().generate_measure_candidates() or [])
         if self._prior and self._cold():
             pool = self._ranked(pool)
@@ -226,9 +241,8 @@ class Storm:
         measured for it (the others were stored already and cost nothing; default: all)."""
         cands = self._pending
         runner_results = [to_runner_result(r) for r in results]
-        self._search().notify_runner_results(cands, runner_results)  # before the update: same context
-        self.cost_model.update(self.ctx, cands, runner_results)
-        self.measured += len(cands)
+        self._search().notify_runner_results(cands, runner_results)
+        self._told(cands, runner_results)
         self._commit(cands, results)
         self.remaining -= len(cands) if fresh is None else sum(map(bool, fresh))
         self._pending = []
@@ -237,14 +251,14 @@ class Storm:
         """A random pool ordered by the prior, best first."""
         if not pool:
             return pool
-        scores = np.asarray(self.cost_model.predict(self.ctx, pool), dtype=float)
+        scores = np.asarray(self._trained().predict(self.ctx, pool), dtype=float)
         return [pool[i] for i in np.argsort(-scores, kind="stable")]
 
     def predict(self, candidates: list[Candidate]) -> list[float]:
         """Cost-model scores (higher is faster) for candidates of this workload."""
         if not candidates:
             return []
-        scores = self.cost_model.predict(self.ctx, [c.measure_candidate for c in candidates])
+        scores = self._trained().predict(self.ctx, [c.measure_candidate for c in candidates])
         return [float(s) for s in scores]
 
     def close(self) -> None:
