@@ -147,11 +147,18 @@ def test_phases_reuse_only_and_donors_from_another_database_left_unchanged(tmp_p
         assert {r.phase for w in d.workloads() for r in d.records(w.workload_id)} == {Phase.REUSE}
 
 
-def test_reuse_then_raindrop_without_a_storm(tmp_path, donor_db):
+def test_reuse_then_raindrop_without_a_storm(tmp_path, donor_db, monkeypatch):
+    """Transfers then Droplet Search; the raindrop ranks neighbours with the cost model as it
+    stands (the prior), never retrained on the few transfers (seconds a task with a prior)."""
+    from tvm.s_tir.meta_schedule.cost_model import XGBModel
+
+    trained, update = [], XGBModel.update
+    monkeypatch.setattr(XGBModel, "update", lambda self, *a: (trained.append(1), update(self, *a))[1])
     task = tune_kernel("matmul:M=48,N=80,K=64", trials=8, exploit_trials=6, db=tmp_path / "rr.db", seed=0,
                        phases=(Phase.REUSE, Phase.RAINDROP), reuse_from=[donor_db]).tasks[0]
     assert task.trials["storm"] == 0 and 1 <= task.trials["reuse"] <= 2 and 1 <= task.trials["raindrop"] <= 6
     assert task.verified
+    assert trained == []
 
 
 @pytest.mark.parametrize("args, needle", [

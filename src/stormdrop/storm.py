@@ -254,11 +254,13 @@ class Storm:
         scores = np.asarray(self._trained().predict(self.ctx, pool), dtype=float)
         return [pool[i] for i in np.argsort(-scores, kind="stable")]
 
-    def predict(self, candidates: list[Candidate]) -> list[float]:
-        """Cost-model scores (higher is faster) for candidates of this workload."""
+    def predict(self, candidates: list[Candidate], learn: bool = True) -> list[float]:
+        """Cost-model scores (higher is faster) for candidates of this workload; ``learn=False``: as
+        the model stands, without training first on what it was told since (see ``_trained``)."""
         if not candidates:
             return []
-        scores = self._trained().predict(self.ctx, [c.measure_candidate for c in candidates])
+        model = self._trained() if learn else self.cost_model
+        scores = model.predict(self.ctx, [c.measure_candidate for c in candidates])
         return [float(s) for s in scores]
 
     def close(self) -> None:

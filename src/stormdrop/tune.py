@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import tvm
 from tvm.target import Target
@@ -354,8 +355,11 @@ class TaskTuner:
         lanes = vector_lanes(task.target)
         jumps = [] if not lanes or self.raindrop_config.register_tiles <= 0 or len(task.stored(Phase.RAINDROP)) \
             else space.register_tiles(space.start, lanes, registers=32 if lanes >= 16 else 16)
+        # without a storm the model knows the prior and a few transfers: it ranks as the prior does,
+        # and retraining on those few (seconds a task) is left out
+        rank = self.storm.predict if Phase.STORM in self.phases else partial(self.storm.predict, learn=False)
         return Raindrop(space, incumbent, best[0].result.run_secs, budget=budget, seed=task.seed,
-                        config=self.raindrop_config, rank=self.storm.predict, register_tiles=jumps)
+                        config=self.raindrop_config, rank=rank, register_tiles=jumps)
 
 
 def verify_best(task: TaskSession, k: int = 8) -> None:
