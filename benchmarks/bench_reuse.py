@@ -38,7 +38,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pairs", default=",".join(PAIRS), help="donor:target,... (zoo names)")
     p.add_argument("--resolution", type=int, default=None, help="image models' input size (default: the paper's)")
     p.add_argument("--seq-len", type=int, default=None, help="sequence models' length (default: the paper's)")
-    p.add_argument("--time-budget", type=float, default=600, help="seconds for the donor and for (d) each")
+    p.add_argument("--time-budget", type=float, default=600, help="seconds for (d)")
+    p.add_argument("--donor-budget", type=float, default=None, help="seconds for each donor (default: --time-budget)")
     p.add_argument("--trials-per-task", type=int, default=64, help="per-task cap of the donor and (d)")
     p.add_argument("--raindrop-trials", type=int, default=16, help="(c): raindrop trials per task")
     p.add_argument("--reuse", type=int, default=8, help="(b), (c): transfers measured per task at most")
@@ -82,7 +83,7 @@ def one_pair(donor: str, target_name: str, args: argparse.Namespace, target, db_
     out = {"donor": donor, "target": target_name}
     donor_db = os.path.join(db_dir, f"{donor}.db")
     out["donor_tuning_s"] = tuned(load(donor, args), donor_db, trials=None, trials_per_task=args.trials_per_task,
-                                  time_budget=args.time_budget)
+                                  time_budget=args.donor_budget or args.time_budget)
     model = load(target_name, args)
     runs = {
         "reuse": dict(phases=(Phase.REUSE,), reuse=args.reuse, reuse_from=[donor_db], trials=None,
@@ -149,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             for r in results]
     lines = ["", f"## Reuse, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- machine: {machine()}; target: `{canonical(target)}`", f"- command: `{' '.join(sys.argv)}`",
-             f"- donors and (d) tuned with --time-budget {args.time_budget:.0f} s; (b) up to {args.reuse} transfers "
+             f"- donors tuned with --time-budget {args.donor_budget or args.time_budget:.0f} s, (d) with "
+             f"{args.time_budget:.0f} s; (b) up to {args.reuse} transfers "
              f"a task; (c) the same, then up to {args.raindrop_trials} raindrop trials a task; latencies in ms, "
              f"median of {args.rounds} rounds in which all peers take turns; (x) of (d)'s speedup = "
              "(untuned / x) / (untuned / d) = d / x", "",
