@@ -19,7 +19,7 @@ a random moment, and re-runs both. Printed per scenario:
   ledger caps the count at the uninterrupted run's; a killed raindrop that restarts may
   converge with fewer; the best latencies differ by timing noise and search path).
 
-Usage: ``python benchmarks/faults.py --kills 20 [--json PATH] [--out RESULTS.md]``
+Usage: ``python benchmarks/faults.py --kills 20 [--scenarios kernel,reuse,model,concurrent] [--json PATH] [--out RESULTS.md]``
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from collections import Counter
 
 KERNEL = ["--kernel", "matmul:M=64,N=64,K=64", "--trials", "24", "--exploit-trials", "16", "--batch-size", "4"]
 DONORS = ["matmul:M=32,N=32,K=32", "matmul:M=48,N=48,K=48", "matmul:M=96,N=96,K=96", "matmul:M=128,N=64,K=64"]
+SCENARIOS = ("kernel", "reuse", "model", "concurrent")
 MODEL = ["--model", "resnet18", "--resolution", "32", "--trials", "40", "--trials-per-task", "4",
          "--batch-size", "4"]
 
@@ -121,7 +122,7 @@ def lost(snapshots: list[dict], final: dict) -> int:
     return n
 
 
-def scenario(name: str, args: list[str], kills: int, rng: random.Random, tmp: str, concurrent: bool) -> dict:
+def scenario(name: str, args: list[str], concurrent: bool, kills: int, rng: random.Random, tmp: str) -> dict:
     """Cycles, each on a fresh database: runs killed at random moments until one finishes before its
     kill, then a final run; as many cycles as it takes to deliver ``kills`` kills."""
     ref_db = os.path.join(tmp, f"{name}_ref.db")
@@ -168,19 +169,22 @@ def scenario(name: str, args: list[str], kills: int, rng: random.Random, tmp: st
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kills", type=int, default=20, help="SIGKILLs per scenario (over as many cycles as it takes)")
+    p.add_argument("--scenarios", default=",".join(SCENARIOS), help="which of them, comma separated")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
     p.add_argument("--out", default=None, help="append the table to this Markdown file")
     args = p.parse_args(argv)
+    chosen = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    if not chosen or set(chosen) - set(SCENARIOS):
+        p.error(f"--scenarios: a comma list of {', '.join(SCENARIOS)}")
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="stormdrop-faults-") as tmp:
-        reuse = [*KERNEL, "--reuse", "8", "--reuse-from", donor_db(tmp)]
-        results = [scenario("kernel", KERNEL, args.kills, rng, tmp, False),
-                   scenario("reuse", reuse, args.kills, rng, tmp, False),
-                   scenario("model", MODEL, args.kills, rng, tmp, False),
-                   scenario("concurrent", KERNEL, args.kills, rng, tmp, True)]
+        runs = {"kernel": (KERNEL, False), "model": (MODEL, False), "concurrent": (KERNEL, True)}
+        if "reuse" in chosen:
+            runs["reuse"] = ([*KERNEL, "--reuse", "8", "--reuse-from", donor_db(tmp)], False)
+        results = [scenario(name, *runs[name], args.kills, rng, tmp) for name in SCENARIOS if name in chosen]
     lines = [f"## Faults, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
-             f"- command: `benchmarks/faults.py --kills {args.kills} --seed {args.seed}`",
+             f"- command: `{' '.join(['benchmarks/faults.py', *sys.argv[1:]])}`",
              f"- kernel: `{' '.join(KERNEL)}`; reuse: the kernel's with `--reuse 8 --reuse-from` a database of "
              f"{', '.join(DONORS)} (8 storm trials each); model: `{' '.join(MODEL)}`; concurrent: two kernel tunes "
              "on one database, one of them killed each round",
