@@ -144,3 +144,47 @@ def test_a_time_budget_covers_the_verification_and_compile_after_the_search(monk
     assert stopped == "the time budget"
     assert sum(driver.measured(s) for s in sessions) == 5 * 4  # steps started at 0, 10, 20, 30 and 40 s
     assert clock[0] + 3 * 5.0 <= 100.0  # verified and compiled by the deadline
+
+
+class _CappedTuner(_Tuner):
+    """Done at its cap (no better schedule found: its best stays); ``extend`` raises the cap."""
+
+    def __init__(self, session, cap=4):
+        super().__init__(session)
+        self.cap = cap
+
+    def step(self, limit=None):
+        self.session.result.trials["storm"] += self.batch
+        self.done = self.session.result.trials["storm"] >= self.cap
+
+    def extend(self, storm_trials, exploit_trials):
+        self.cap += storm_trials + exploit_trials
+        self.done = False
+
+
+def test_time_left_after_every_cap_goes_to_every_task_not_only_the_costliest(monkeypatch):
+    # three tasks at their cap after one step each, 10 s a step, 300 s in all: the extension
+    # rounds go to all three, the costliest first (it used to take all of them: 836 of 2848
+    # trials of a 1200-s mobilenet_v2 tune went to one of 34 tasks)
+    from stormdrop import driver
+
+    clock = [0.0]
+    monkeypatch.setattr(driver.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(driver, "verify_best", lambda session: None)
+    sessions = [_Session(b) for b in (3e-3, 2e-3, 1e-3)]
+    for i, s in enumerate(sessions):
+        s.kernel.op_class = f"op{i}"  # unlike kernels: no task is held to another's throughput
+    tuners = [_CappedTuner(s) for s in sessions]
+    for t in tuners:
+        step = t.step
+
+        def timed(limit=None, step=step):
+            step(limit)
+            clock[0] += 10.0
+
+        t.step = timed
+    stopped = driver.drive(tuners, sessions, [1, 1, 1], driver.Budget(deadline=300.0, extend=True))
+    assert stopped == "the time budget"
+    counts = [driver.measured(s) for s in sessions]
+    assert all(c > 4 for c in counts), counts  # each had extension rounds
+    assert counts[0] >= counts[1] >= counts[2], counts  # the costliest most
