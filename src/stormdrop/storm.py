@@ -174,7 +174,7 @@ class Storm:
         return self._cold_ctx if self._cold_ctx is not None and self._cold() else self.ctx
 
     def _learn(self, history: list[tuple[Candidate, MeasureResult]]) -> None:
-        """Warm start from stored measurements: seed the population and train the model."""
+        """Warm start from stored measurements: seed the population and tell the model (trained when next used)."""
         if not history:
             return
         cands = [c.measure_candidate for c, _ in history]
