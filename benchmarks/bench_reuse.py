@@ -49,7 +49,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reuse", type=int, default=8, help="(b), (c): transfers measured per task at most")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--db-dir", default=None, help="keep the databases here (default: a temporary directory)")
+    p.add_argument("--db-dir", default=None, help="keep the databases here (default: a new temporary directory, left in place: the "
+                   "timing process reads it, and its path is in the printed command)")
     p.add_argument("--out", default="benchmarks/RESULTS.md")
     p.add_argument("--json", default=None)
     p.add_argument("--retime", default=None, metavar="JSON",
