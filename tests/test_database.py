@@ -271,3 +271,35 @@ def test_a_dead_owners_claims_lapse_and_a_live_ones_hold(tmp_path: Path) -> None
                                  candidate_key="dead"))
         db.release(wid, TARGET_KEY, "dead", me)
         assert db.claim(wid, TARGET_KEY, ["dead"], owners["live"]) == {"dead"}  # measured: its record is the result
+
+
+def _open_and_write(path: str, barrier, errors) -> None:
+    barrier.wait()
+    try:
+        with Database(path) as db:
+            for i in range(5):
+                db.note_model(f"m{i}", {"i": i})
+    except Exception as err:  # noqa: BLE001 - reported to the test
+        errors.put(str(err))
+
+
+def test_tuners_that_open_a_new_database_at_the_same_moment_all_open_it(tmp_path: Path) -> None:
+    """Four processes open one new database file at the same instant and write to it, again and
+    again (40 files): every one opens it (SQLite answered "database is locked" to some, at once,
+    without waiting: 2 of 32 opens here before the retry)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    errors = ctx.Queue()
+    for round_ in range(40):
+        path, barrier = str(tmp_path / f"new{round_}.db"), ctx.Barrier(4)
+        procs = [ctx.Process(target=_open_and_write, args=(path, barrier, errors)) for _ in range(4)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+        assert [p.exitcode for p in procs] == [0] * 4
+    got = []
+    while not errors.empty():
+        got.append(errors.get())
+    assert got == []

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import random
 import sqlite3
+import time
 import urllib.parse
 from pathlib import Path
 
@@ -110,12 +112,23 @@ def open_connection(path: str, read_only: bool = False) -> sqlite3.Connection:
             p.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise DatabaseError(f"cannot create database {path}: {one_line(e)}") from None
-    try:
-        conn = sqlite3.connect(
-            path, timeout=60.0, isolation_level=None, check_same_thread=False
-        )
-    except sqlite3.Error as e:
-        raise DatabaseError(f"cannot open database {path}: {one_line(e)}") from None
+    # Two tuners started together on a new file: SQLite may answer "database is locked" at
+    # once, without its busy handler (switching to WAL), to one of them; wait and open again.
+    deadline = time.monotonic() + 60.0
+    while True:
+        try:
+            return _connect(path, fresh, version)
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) and "busy" not in str(e) or time.monotonic() > deadline:
+                raise DatabaseError(f"cannot open database {path}: {one_line(e)}") from None
+            time.sleep(0.05 + 0.1 * random.random())
+        except sqlite3.Error as e:
+            raise DatabaseError(f"cannot open database {path}: {one_line(e)}") from None
+
+
+def _connect(path: str, fresh: bool, version: int) -> sqlite3.Connection:
+    """One try at connecting, in WAL mode, with the schema (created or upgraded in place)."""
+    conn = sqlite3.connect(path, timeout=60.0, isolation_level=None, check_same_thread=False)
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
@@ -132,13 +145,15 @@ def open_connection(path: str, read_only: bool = False) -> sqlite3.Connection:
             conn.execute("COMMIT")
         elif version == 1:  # upgrade in place: one column, every old record measured once
             conn.execute("BEGIN IMMEDIATE")
-            conn.execute("ALTER TABLE records ADD COLUMN attempts INTEGER NOT NULL DEFAULT 1")
-            conn.execute(SCHEMA[SCHEMA.index("CREATE TABLE IF NOT EXISTS claims"):].rstrip().rstrip(";"))
-            conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
+            if conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == "1":
+                # (not upgraded by another process since this one looked)
+                conn.execute("ALTER TABLE records ADD COLUMN attempts INTEGER NOT NULL DEFAULT 1")
+                conn.execute(SCHEMA[SCHEMA.index("CREATE TABLE IF NOT EXISTS claims"):].rstrip().rstrip(";"))
+                conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
             conn.execute("COMMIT")
-    except sqlite3.Error as e:
+    except BaseException:
         conn.close()
-        raise DatabaseError(f"cannot open database {path}: {one_line(e)}") from None
+        raise
     return conn
 
 
