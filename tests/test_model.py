@@ -109,6 +109,18 @@ def test_tiny_onnx_network_tuned_compiled_and_matched(tmp_path):
     assert sum(in_model) < 3 * bench["latency_s"]["tuned"] + 1e-3
     assert "inside the model" in r.stdout and "In model (us)" in r.stdout
 
+    # The same records exported to MetaSchedule's format and imported into another database were
+    # never checked by stormdrop there: `bench` refuses to compile them (one line), until a tune checks them.
+    def cli(*argv):
+        return subprocess.run([sys.executable, "-m", "stormdrop", *argv], capture_output=True, text=True, timeout=600)
+
+    assert cli("export", "--db", str(tmp_path / "m.db"), "--format", "metaschedule", "--out", str(tmp_path / "ms")
+               ).returncode == 0
+    assert cli("import", "--db", str(tmp_path / "imp.db"), str(tmp_path / "ms")).returncode == 0
+    r = cli("bench", "--model", path, "--db", str(tmp_path / "imp.db"))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode != 0 and len(lines) == 1 and "only imported records, never checked" in lines[0], r.stderr
+
 
 def test_interleaved_peers_take_turns_and_report_medians():
     calls = []

@@ -28,7 +28,7 @@ import tvm_ffi
 from ._claims import Claims
 from ._schema import RECORD_COLS, WORKLOAD_COLS, open_connection, record_from_row
 from .errors import DatabaseError, one_line
-from .records import ErrorKind, MeasureResult, Phase, Record
+from .records import IMPORTED, ErrorKind, MeasureResult, Phase, Record
 from .target import canonical, from_canonical
 
 
@@ -307,13 +307,16 @@ class Database(Claims):
             )
         return [record_from_row(r) for r in rows]
 
-    def best(self, workload_id: int, target: str, k: int = 1) -> list[Record]:
-        """The ``k`` valid records with the lowest mean time (failures never count)."""
+    def best(self, workload_id: int, target: str, k: int = 1, checked: bool = False) -> list[Record]:
+        """The ``k`` valid records with the lowest mean time (failures never count); ``checked``:
+        only those whose output stormdrop checked, not records imported from another tuner and
+        never re-measured here (a re-measure stores stormdrop's versions over the import's)."""
+        own = " AND versions NOT LIKE ?" if checked else ""
         rows = self._query(
             f"SELECT {RECORD_COLS} FROM records WHERE workload_id=? AND target=?"
-            " AND error IS NULL AND mean_secs IS NOT NULL"
+            f" AND error IS NULL AND mean_secs IS NOT NULL{own}"
             " ORDER BY mean_secs, record_id LIMIT ?",
-            (int(workload_id), target, int(k)),
+            (int(workload_id), target, *([f"{IMPORTED}%"] if checked else []), int(k)),
         )
         return [record_from_row(r) for r in rows]
 

@@ -77,24 +77,34 @@ def deployed_keys(db: Database, model: str, target: str) -> dict[str, str]:
 def tuned_build(model: Model, db: Database, target: Target, lowering: Lowering | None = None,
                 deployed: bool = True) -> tuple[Any, list[TaskRow]]:
     """The model compiled with every task's deployed record (``deployed_keys``; ``deployed=False``
-    or none noted: the best stored one), and one row per task (``lowering``: as the model was tuned)."""
+    or none noted: the best stored one that stormdrop checked, never an unchecked import), and one row per
+    task (``lowering``: as the model was tuned)."""
     key = canonical(target)
     fused, tasks = extract_tasks(model, target, lowering)
     chosen = deployed_keys(db, model.name, key) if deployed else {}
     mdb = ms.database.MemoryDatabase()
-    rows = []
+    rows, unchecked = [], 0
     for kernel, weight in tasks:
         entry = db.find_workload(kernel.mod)
         noted = db.lookup(entry.workload_id, key, chosen[str(entry.workload_id)]) if (
             entry and str(entry.workload_id) in chosen) else None
-        best = [noted] if noted is not None and noted.ok else db.best(entry.workload_id, key, k=1) if entry else []
+        if noted is not None and noted.ok:
+            best = [noted]
+        else:  # never a record imported from another tuner that no stormdrop run checked
+            best = db.best(entry.workload_id, key, k=1, checked=True) if entry else []
+            unchecked += bool(entry and not best and db.best(entry.workload_id, key, k=1))
         rows.append(TaskRow(kernel.name, weight, kernel.flops, best[0].mean if best else None,
                             db.count(entry.workload_id, key) if entry else 0))
         if best:
             commit_best(mdb, kernel.mod, best[0].trace_json, best[0].mean, target)
     if not any(r.latency_s is not None for r in rows):
-        raise TuningError(f"{model.name}: the database holds no record for any of its {len(tasks)} tasks "
+        what = (f"only imported records, never checked by stormdrop, for {unchecked}" if unchecked
+                else "no record for any")
+        raise TuningError(f"{model.name}: the database holds {what} of its {len(tasks)} tasks "
                           f"on this target; run `stormdrop tune --model` first")
+    if unchecked:
+        log.warning("%s: %d task(s) hold only imported records, never checked by stormdrop: compiled "
+                    "with TVM's default schedule (`stormdrop tune --model` checks them)", model.name, unchecked)
     return compile_model(fused, mdb, target), rows
 
 
