@@ -47,6 +47,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--trials-per-task", type=int, default=64, help="per-task cap of the donor and (d)")
     p.add_argument("--raindrop-trials", type=int, default=16, help="(c): raindrop trials per task")
     p.add_argument("--reuse", type=int, default=8, help="(b), (c): transfers measured per task at most")
+    p.add_argument("--unranked", action="store_true",
+                   help="also (b0): reuse with each donor's best in donor order (transfer_pool=1: no ranking of "
+                        "more transfers by the prior), the A/B of the ranking")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--db-dir", default=None, help="keep the databases here (default: a new temporary directory, left in place: the "
@@ -89,6 +92,10 @@ def one_pair(donor: str, target_name: str, args: argparse.Namespace, target, db_
                                trials=None, trials_per_task=2 * args.raindrop_trials),
         "scratch": dict(trials=None, trials_per_task=args.trials_per_task, time_budget=args.time_budget, reuse=0),
     }
+    if args.unranked:
+        from stormdrop.storm import StormConfig
+
+        runs = {"reuse_unranked": {**runs["reuse"], "storm": StormConfig(transfer_pool=1)}, **runs}
     for key, kw in runs.items():
         out[f"{key}_tuning_s"] = tuned(model, os.path.join(db_dir, f"{target_name}_{key}.db"), **kw)
     return out
@@ -112,14 +119,15 @@ def timed(out: dict, args: argparse.Namespace, target, db_dir: str) -> dict:
     inputs = random_inputs(model, args.seed)
     _, ort = onnxruntime_timer(model.onnx_model, inputs, num_cores(target))
     timers = {"untuned": model_timer(tvm.compile(model.mod, target=target), inputs, target), "onnxruntime": ort}
-    for key in ("reuse", "reuse_raindrop", "scratch"):
+    arms = [k for k in ("reuse_unranked", "reuse", "reuse_raindrop", "scratch") if f"{k}_tuning_s" in out]
+    for key in arms:
         with Database(os.path.join(db_dir, f"{out['target']}_{key}.db")) as d:
             ex, rows = tuned_build(model, d, target)
         out[f"{key}_tasks_tuned"] = f"{sum(r.latency_s is not None for r in rows)}/{len(rows)}"
         timers[key] = model_timer(ex, inputs, target)
     out.update({f"{k}_s": v for k, v in interleaved(timers, rounds=args.rounds).items()})
     gain = out["untuned_s"] - out["scratch_s"]
-    for key in ("reuse", "reuse_raindrop"):
+    for key in arms[:-1]:
         out[f"{key}_fraction"] = out["scratch_s"] / out[f"{key}_s"]
         out[f"{key}_gain_fraction"] = (out["untuned_s"] - out[f"{key}_s"]) / gain if gain > 0 else None
         out[f"{key}_time_share"] = out[f"{key}_tuning_s"] / out["scratch_tuning_s"]
@@ -176,10 +184,18 @@ def main(argv: list[str] | None = None) -> int:
 
     header = ["donor -> target", "untuned", "(b) reuse", "s", "(c) reuse+raindrop", "s", "(d) scratch", "s",
               "ONNX Runtime", "(b) of (d)'s speedup", "(c) of (d)'s speedup", "(b) time / (d)", "(c) time / (d)"]
-    rows = [[f"{r['donor']} -> {r['target']}", ms(r["untuned_s"]), ms(r["reuse_s"]), f"{r['reuse_tuning_s']:.0f}",
+    if any("reuse_unranked_s" in r for r in results):
+        header[2:2] = ["(b0) reuse unranked", "s"]
+        header[-4:-4] = ["(b0) of (d)'s speedup"]
+        header.append("(b0) time / (d)")
+    rows = [[f"{r['donor']} -> {r['target']}", ms(r["untuned_s"]),
+             *([ms(r["reuse_unranked_s"]), f"{r['reuse_unranked_tuning_s']:.0f}"] if "reuse_unranked_s" in r else []),
+             ms(r["reuse_s"]), f"{r['reuse_tuning_s']:.0f}",
              ms(r["reuse_raindrop_s"]), f"{r['reuse_raindrop_tuning_s']:.0f}", ms(r["scratch_s"]),
-             f"{r['scratch_tuning_s']:.0f}", ms(r["onnxruntime_s"]), pct(r["reuse_fraction"]),
-             pct(r["reuse_raindrop_fraction"]), pct(r["reuse_time_share"]), pct(r["reuse_raindrop_time_share"])]
+             f"{r['scratch_tuning_s']:.0f}", ms(r["onnxruntime_s"]),
+             *([pct(r["reuse_unranked_fraction"])] if "reuse_unranked_s" in r else []), pct(r["reuse_fraction"]),
+             pct(r["reuse_raindrop_fraction"]), pct(r["reuse_time_share"]), pct(r["reuse_raindrop_time_share"]),
+             *([pct(r["reuse_unranked_time_share"])] if "reuse_unranked_s" in r else [])]
             for r in results]
     lines = ["", f"## Reuse, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- machine: {machine()}; target: `{canonical(target)}`", f"- command: `{command}`",

@@ -323,3 +323,50 @@ def test_a_resumed_run_is_not_charged_twice_for_its_transfers(tmp_path, donor_db
     with Database(db) as d:
         entry = d.find_workload(parse_kernel("matmul:M=48,N=80,K=64").mod)
         assert len(d.records(entry.workload_id)) == 8
+
+
+def test_with_a_prior_reuse_measures_the_nearest_donors_best_then_what_the_prior_ranks_fastest(tmp_path, monkeypatch):
+    """--reuse N with a prior: the two best records of more donors are transferred; the nearest
+    donor's best and the N - 1 transfers the prior ranks fastest are measured (no more than there
+    are donors). transfer_pool=1: the nearest donors' best records, in donor order, no ranking."""
+    from stormdrop.records import MeasureResult, Record
+    from stormdrop.space import Candidate
+    from stormdrop.storm import Storm, StormConfig
+    from stormdrop.target import canonical
+
+    ranked = []
+
+    def predict(self, cands, learn=True):
+        ranked.append([c.key for c in cands])
+        return [float(i) for i in range(len(cands))]  # the last one the fastest
+
+    monkeypatch.setattr(Storm, "predict", predict)
+    db = tmp_path / "d.db"
+    with Database(db) as d:
+        for shape in ("M=64,N=64,K=64", "M=32,N=64,K=96", "M=96,N=48,K=64"):
+            k = parse_kernel(f"matmul:{shape}")
+            entry = d.commit_workload(k.mod, name=k.name, op_class=k.op_class, flops=k.flops)
+            for seed in (0, 1):  # two records: design-space samples, fake times
+                sch = make_context(k.mod, host_target(), seed=seed).generate_design_space()[0]
+                cand = Candidate.from_schedule(sch, Phase.STORM)
+                d.commit_record(Record(entry.workload_id, canonical(host_target()), cand.key, cand.trace_json, "[]",
+                                       MeasureResult(run_secs=(1e-4 * (1 + seed),) * 3), Phase.STORM, 0.0))
+
+    def reused(path, **kw):
+        import shutil
+
+        shutil.copy(db, path)
+        tune_kernel("matmul:M=48,N=80,K=64", trials=2, exploit_trials=0, db=path, seed=0, reuse=2,
+                    phases=(Phase.REUSE,), **kw)
+        with Database(path) as d:
+            entry = d.find_workload(parse_kernel("matmul:M=48,N=80,K=64").mod)
+            return [r.candidate_key for r in d.records(entry.workload_id) if r.phase is Phase.REUSE]
+
+    keys = reused(tmp_path / "ranked.db")
+    assert len(ranked) == 1 and len(ranked[0]) >= 2  # more transfers (1 + 2) than measured (2)
+    assert len(keys) == 2 and ranked[0][-1] in keys  # the prior's fastest ...
+    nearest = next(k for k in keys if k != ranked[0][-1])
+    assert nearest not in ranked[0]  # ... and the nearest donor's best, never ranked out
+    ranked.clear()
+    plain = reused(tmp_path / "plain.db", storm=StormConfig(transfer_pool=1))
+    assert ranked == [] and len(plain) == 2 and nearest in plain

@@ -204,10 +204,11 @@ def transfer(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModule, 
 
 
 def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int | None = None,
-           others: Sequence[Database] = ()) -> list[tuple[WorkloadEntry, str]]:
-    """(workload, best trace) of the other workloads of a related class (at most ``limit``): the
-    same class first, then the same less elementwise epilogues, then the same main operator with
-    other epilogues, then with more of them (``related``); within each, nearest shapes first (``shape_distance``, then FLOPs).
+           others: Sequence[Database] = (), per_donor: int = 1) -> list[tuple[WorkloadEntry, list[str]]]:
+    """(workload, its ``per_donor`` best traces) of the other workloads of a related class (at most
+    ``limit``): the same class first, then the same less elementwise epilogues, then the same main
+    operator with other epilogues, then with more of them (``related``); within each, nearest shapes
+    first (``shape_distance``, then FLOPs).
 
     ``others``: more databases to draw donors from (``--reuse-from``, read only); there the same
     workload counts too (tuned for another model, say), and comes first.
@@ -221,9 +222,9 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int | Non
             same = other.shash == entry.shash and tvm_ffi.structural_equal(other.mod, entry.mod)
             if same and source is db:
                 continue
-            best = source.best(other.workload_id, target_key, k=1)
+            best = source.best(other.workload_id, target_key, k=per_donor)
             if best:
-                out.append((other, best[0].trace_json, (not same, rank)))
+                out.append((other, [r.trace_json for r in best], (not same, rank)))
     out.sort(key=lambda d: (d[2], shape_distance(d[0].mod, entry.mod),
                             abs(math.log(max(d[0].flops, 1)) - math.log(max(entry.flops, 1)))))
     return [(w, t) for w, t, _ in out[:limit]]
@@ -246,23 +247,35 @@ def shape_distance(a: tvm.IRModule, b: tvm.IRModule) -> float:
     return sum(abs(math.log(max(x, 1)) - math.log(max(y, 1))) for xs, ys in pairs for x, y in zip(xs, ys))
 
 
+def transfers(db: Database, entry: WorkloadEntry, target_key: str, postprocs: list, limit: int = 8,
+              others: Sequence[Database] = (), per_donor: int = 1) -> list[list[Candidate]]:
+    """Transferred schedules for ``entry`` from at most ``limit`` donors (``donors`` order), one
+    list per donor: its ``per_donor`` best records transferred, distinct, best first. A donor none
+    of whose schedules transfers gives its place to the next one."""
+    groups, seen = [], set()
+    for donor, traces in donors(db, entry, target_key, others=others, per_donor=per_donor):
+        if len(groups) >= limit:
+            break
+        group = []
+        for trace_json in traces:
+            sch = transfer(donor.mod, trace_json, entry.mod, postprocs)
+            if sch is None:
+                continue
+            cand = Candidate.from_schedule(sch, Phase.REUSE)
+            if cand.key not in seen:
+                seen.add(cand.key)
+                group.append(cand)
+        if group:
+            groups.append(group)
+    log.debug("reuse: %d candidates from %d donors", sum(map(len, groups)), len(groups))
+    return groups
+
+
 def reuse_candidates(db: Database, entry: WorkloadEntry, target_key: str, postprocs: list,
                      limit: int = 8, others: Sequence[Database] = ()) -> list[Candidate]:
-    """Transferred schedules for ``entry``, one per donor, distinct, at most ``limit``: a donor
-    whose schedule does not transfer gives its place to the next-nearest one."""
-    cands, seen = [], set()
-    for donor, trace_json in donors(db, entry, target_key, others=others):
-        if len(cands) >= limit:
-            break
-        sch = transfer(donor.mod, trace_json, entry.mod, postprocs)
-        if sch is None:
-            continue
-        cand = Candidate.from_schedule(sch, Phase.REUSE)
-        if cand.key not in seen:
-            seen.add(cand.key)
-            cands.append(cand)
-    log.debug("reuse: %d candidates from %d donors", len(cands), limit)
-    return cands
+    """Transferred schedules for ``entry``, one per donor (its best record), distinct, at most
+    ``limit``: a donor whose schedule does not transfer gives its place to the next-nearest one."""
+    return [g[0] for g in transfers(db, entry, target_key, postprocs, limit, others)]
 
 
 def open_donors(paths: Sequence[str | os.PathLike]) -> list[Database]:

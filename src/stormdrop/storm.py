@@ -52,6 +52,11 @@ class StormConfig:
     # over 3 kernels x 2 seeds, 32+32 trials: 1.27x faster kernels (geomean), 23% less time.
     prior: bool = True
     prior_pool: int = 8
+    # Reuse (--reuse N) with a prior: the best two records of each of the nearest
+    # transfer_pool x N donors are transferred; the nearest donor's best and the N - 1 the
+    # prior ranks fastest are measured (no more than there are donors). 1: the nearest N
+    # donors' best records, in donor order (transfer-tuning's choice).
+    transfer_pool: int = 2
 
 
 def make_context(mod: tvm.IRModule, target: Target, *, seed: int, strategy: object = "evolutionary",
@@ -155,6 +160,11 @@ class Storm:
                                               threads=1)
                 self._cold_ctx.pre_tuning(max_trials=max(trials, pool), num_trials_per_iter=pool,
                                           design_spaces=spaces, database=self.database, cost_model=None)
+
+    @property
+    def ranks(self) -> bool:
+        """Whether the cost model ranks with knowledge before any measurement (a prior)."""
+        return self._prior
 
     @property
     def _prior(self) -> bool:

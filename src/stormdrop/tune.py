@@ -315,7 +315,7 @@ class TaskTuner:
 
     def _reuse(self, limit: int | None = None) -> bool:
         """Measure transferred schedules of same-class workloads (out of the storm's budget)."""
-        from .reuse import reuse_candidates
+        from .reuse import transfers
 
         # out of the storm's budget when there is a storm; else its own
         room = self.storm.remaining if Phase.STORM in self.phases else self.reuse_donors
@@ -323,10 +323,19 @@ class TaskTuner:
         if budget <= 0:
             return False
         task = self.task
-        cands = reuse_candidates(task.db, task.entry, task.target_key, self.storm.ctx.space_generator.postprocs,
-                                 limit=budget, others=self.donor_dbs)
-        if not cands:
+        pool = max(1, self.storm_config.transfer_pool) if self.storm.ranks else 1
+        groups = transfers(task.db, task.entry, task.target_key, self.storm.ctx.space_generator.postprocs,
+                           limit=budget * pool, others=self.donor_dbs, per_donor=2 if pool > 1 else 1)
+        if not groups:
             return False
+        if pool > 1 and len(groups) > 1:
+            # the nearest donor's best, then the transfers the prior ranks fastest: as many as donors
+            rest = [c for g in groups for c in g][1:]
+            scores = self.storm.predict(rest, learn=False)
+            ranked = sorted(range(len(rest)), key=lambda i: -scores[i])
+            cands = [groups[0][0], *(rest[i] for i in ranked)][:min(budget, len(groups))]
+        else:
+            cands = [g[0] for g in groups[:budget]]
         results = task.evaluate(cands)
         self.storm.absorb(cands, results, task.fresh)
         self.rounds += 1
