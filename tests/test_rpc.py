@@ -43,7 +43,8 @@ def _wait_free(rpc: dict, n: int, timeout: float = 60) -> None:
 
 def _cluster(logs, key: str, servers: int):
     """A tracker and ``servers`` servers with ``key``, in their own process groups (their popen workers
-    too); yields the tracker's address and the servers' log files.
+    too); yields the tracker's address, the servers' log files and processes, and every process by
+    name (``tracker``, ``server0``, ...: a test may replace one; all are killed at the end).
 
     If a process exits while we wait for the servers to register, this fails at once with that
     process's last output line (e.g. a missing module) instead of waiting a minute."""
@@ -81,7 +82,7 @@ def _cluster(logs, key: str, servers: int):
                             f"{_last_line(logs / 'server0.log')}")
             time.sleep(0.5)
         yield ({"host": "127.0.0.1", "port": tport, "key": key}, [logs / f"server{i}.log" for i in range(servers)],
-               [procs[f"server{i}"] for i in range(servers)])
+               [procs[f"server{i}"] for i in range(servers)], procs)
     finally:
         for p in procs.values():
             try:
@@ -94,7 +95,7 @@ def _cluster(logs, key: str, servers: int):
 @pytest.fixture(scope="module")
 def one_device(tmp_path_factory):
     """A tracker and one server with key KEY, and the server's log file."""
-    for rpc, logs, _ in _cluster(tmp_path_factory.mktemp("rpc"), KEY, 1):
+    for rpc, logs, *_ in _cluster(tmp_path_factory.mktemp("rpc"), KEY, 1):
         yield rpc, logs
 
 
@@ -106,7 +107,7 @@ def tracker(one_device):
 @pytest.fixture(scope="module")
 def two_devices(tmp_path_factory):
     """A tracker and two servers with one key, and the servers' log files."""
-    for rpc, logs, _ in _cluster(tmp_path_factory.mktemp("rpc2"), KEY + "-2", 2):
+    for rpc, logs, *_ in _cluster(tmp_path_factory.mktemp("rpc2"), KEY + "-2", 2):
         yield rpc, logs
 
 
@@ -196,7 +197,7 @@ def test_a_server_killed_mid_run_leaves_its_candidates_to_the_other(tmp_path):
         except Exception:  # noqa: BLE001 - not created yet
             return 0
 
-    for rpc, _, procs in _cluster(tmp_path, KEY + "-kill", 2):
+    for rpc, _, procs, _ in _cluster(tmp_path, KEY + "-kill", 2):
         def killer(victim):
             deadline = time.monotonic() + 300
             while count() < 4 and time.monotonic() < deadline:
@@ -213,3 +214,73 @@ def test_a_server_killed_mid_run_leaves_its_candidates_to_the_other(tmp_path):
         with Database(tmp_path / "k.db") as db:
             recs = db.records(db.workloads()[0].workload_id)
         assert len(recs) == 24 and [r.result.error for r in recs if not r.ok] == []
+
+
+def _records(path):
+    """The records of the one workload in ``path`` (none while it does not exist yet)."""
+    try:
+        with Database(path) as db:
+            return [r for w in db.workloads() for r in db.records(w.workload_id)]
+    except Exception:  # noqa: BLE001 - not created yet
+        return []
+
+
+def _kill_tracker_after(path, procs, n: int, logs=None, down_s: float = 0.0):
+    """A thread that kills the tracker once ``n`` records are committed (and, with ``logs``, starts a
+    new one on the same port after ``down_s`` seconds); returns it and the records seen at the kill."""
+    import threading
+
+    seen = []
+
+    def run():
+        deadline = time.monotonic() + 300
+        while len(_records(path)) < n and time.monotonic() < deadline:
+            time.sleep(0.2)
+        os.killpg(procs["tracker"].pid, signal.SIGKILL)
+        procs["tracker"].wait(timeout=10)
+        seen.extend(_records(path))
+        if logs is not None:
+            time.sleep(down_s)
+            with open(logs / "tracker2.log", "wb") as log:
+                procs["tracker"] = subprocess.Popen([sys.executable, *procs["tracker"].args[1:]], stdout=log,
+                                                    stderr=subprocess.STDOUT, start_new_session=True)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, seen
+
+
+def test_a_tracker_restarted_mid_run_costs_a_wait_not_a_record(tmp_path):
+    """The tracker is killed once a few records are committed and started again 3 s later on its
+    port; the session expires meanwhile (3-s sessions): the runner waits for the tracker, the
+    server registers again, and the run finishes with every record measured and no failure."""
+    for rpc, _, _, procs in _cluster(tmp_path, KEY + "-restart", 1):
+        t, seen = _kill_tracker_after(tmp_path / "t.db", procs, 4, logs=tmp_path, down_s=3.0)
+        result = tune_kernel("matmul:M=32,N=32,K=32", trials=24, exploit_trials=0, db=tmp_path / "t.db", seed=0,
+                             measure=MeasureConfig(rpc={**rpc, "session_timeout": 3, "retry_s": 90}))
+        t.join(timeout=5)
+        assert seen, "the tracker was not killed during the run"
+        assert result.tasks[0].verified
+        recs = _records(tmp_path / "t.db")
+        assert len(recs) == 24 and [r.result.error for r in recs if not r.ok] == []
+        assert max(r.measured_at for r in recs) - max(r.measured_at for r in seen) > 3  # measured after the restart
+
+
+def test_a_tracker_gone_for_good_stops_the_run_with_one_line_and_keeps_every_record(tmp_path):
+    """The tracker is killed for good: the session runs out, the runner tries again for 4 s
+    (``--rpc-retry``), then the run stops with one error line naming the tracker; every record
+    committed before stays, and the candidate in flight is not stored as a failure."""
+    for rpc, _, _, procs in _cluster(tmp_path, KEY + "-gone", 1):
+        t, seen = _kill_tracker_after(tmp_path / "g.db", procs, 4)
+        r = subprocess.run([sys.executable, "-m", "stormdrop", "tune", "--kernel", "matmul:M=32,N=32,K=32",
+                            "--trials", "400", "--exploit-trials", "0", "--db", str(tmp_path / "g.db"),
+                            "--rpc-tracker", f"{rpc['host']}:{rpc['port']}", "--rpc-key", rpc["key"],
+                            "--rpc-retry", "4", "--rpc-session-timeout", "3", "--no-progress"],
+                           capture_output=True, text=True, timeout=600)
+        t.join(timeout=5)
+        assert seen, "the tracker was not killed during the run"
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode != 0 and len(lines) == 1 and "does not answer" in lines[0], r.stderr
+        recs = _records(tmp_path / "g.db")
+        assert {x.candidate_key for x in seen} <= {x.candidate_key for x in recs} and len(recs) < 400
+        assert [x.result.error for x in recs if not x.ok] == []

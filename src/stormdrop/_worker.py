@@ -145,32 +145,49 @@ class _RunnerState:
         self.dev = self.session.device(self.kind)
         self.opened = time.monotonic()
 
-    def _reconnect(self, why: str, waits: tuple[float, ...] = (0.0, 1.0, 2.0, 4.0, 8.0)) -> None:
-        """A new session, trying a few times with growing waits (about 15 s in all); ``DeviceLost``
-        if the tracker or every device under the key stays unreachable."""
-        import gc
+    def _tracker_answers(self) -> bool:
+        """Whether the tracker's port accepts a connection (TVM's own connect retries silently for a minute)."""
         import socket
+
+        try:
+            socket.create_connection((self.rpc["host"], int(self.rpc["port"])), timeout=5).close()
+            return True
+        except OSError:
+            return False
+
+    def _reconnect(self, why: str) -> None:
+        """A new session, tried again with doubling waits (1 s to 30 s) for up to ``rpc["retry_s"]``
+        seconds (default 120): a tracker restarted, or a device freed, in that time is used again.
+        ``DeviceLost`` if the tracker or every device under the key stays unreachable."""
+        import gc
         import time
 
         from tvm import rpc as tvm_rpc
 
         self.session = self.dev = None  # the old session closes, its device goes back to the tracker
         gc.collect()
-        last = ""
-        for wait in waits:
-            time.sleep(wait)
-            try:  # knock first: TVM's own connect retries silently for a minute
-                socket.create_connection((self.rpc["host"], int(self.rpc["port"])), timeout=5).close()
+        address = f"{self.rpc['host']}:{self.rpc['port']}"
+        deadline = time.monotonic() + float(self.rpc.get("retry_s", 120))
+        wait, tries, last = 0.0, 0, ""
+        while True:
+            tries += 1
+            try:
+                if not self._tracker_answers():
+                    raise RuntimeError(f"the RPC tracker at {address} does not answer")
                 # a request for a busy key waits until a device is free: ask only when one is
                 queue = tvm_rpc.connect_tracker(self.rpc["host"], int(self.rpc["port"])).summary()["queue_info"]
                 if queue.get(self.rpc["key"], {}).get("free", 0) < 1:
-                    raise RuntimeError(f"no free device under key {self.rpc['key']}")
+                    raise RuntimeError(f"no free device under key {self.rpc['key']} at {address}")
                 self._connect()
                 return
             except Exception as err:  # noqa: BLE001
                 last = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[-1]}"
-        raise DeviceLost(f"RPC device {self.rpc['key']} lost ({why}); no new session after "
-                         f"{len(waits)} tries: {last}")
+            wait = min(30.0, max(1.0, 2 * wait))
+            if time.monotonic() + wait > deadline:
+                break
+            time.sleep(wait)
+        raise DeviceLost(f"RPC device {self.rpc['key']} lost ({why}); no new session in "
+                         f"{float(self.rpc.get('retry_s', 120)):.0f} s ({tries} tries): {last}")
 
     def _on_device(self, request: Any, *args: Any) -> Any:
         """``request(*args)`` on a live session: renewed when due, re-opened and retried once after an error."""
@@ -179,7 +196,8 @@ class _RunnerState:
         if self.session is None:
             return request(*args)
         if self.session_timeout and time.monotonic() - self.opened > self.session_timeout - min(
-                60.0, self.session_timeout / 5):
+                60.0, self.session_timeout / 5) and self._tracker_answers():
+            # (with the tracker gone, the session goes on as long as it lasts; then the retries below)
             self._reconnect("session about to expire")
         try:
             return request(*args)

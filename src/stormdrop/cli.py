@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--rpc-key", default=None, help="device key at the RPC tracker")
     t.add_argument("--rpc-devices", type=_positive(int), default=0, metavar="N",
                    help="time on at most N devices under the key at once (default: every free one)")
+    t.add_argument("--rpc-retry", type=_positive(float), default=120.0, metavar="SECONDS",
+                   help="how long a lost RPC session is tried again (a tracker or server restarted) before "
+                        "that device counts as lost (default 120)")
+    t.add_argument("--rpc-session-timeout", type=_positive(float), default=600.0, metavar="SECONDS",
+                   help="the session length asked of the tracker; a session is renewed before it ends (default 600)")
     t.add_argument("--no-progress", action="store_true")
     t.add_argument("--reuse", type=int, default=8, metavar="N",
                    help="first measure the best schedules of up to N same-class workloads in the database (0: off)")
@@ -128,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-fast-math", dest="fast_math", action="store_false")
     b.add_argument("--winograd", default="auto", choices=["auto", "off", "2", "4"])
     b.add_argument("--combine-matmuls", action="store_true")
-    b.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT", help="run TVM's builds on a device of this tracker")
+    b.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT",
+                   help="time the untuned and tuned builds on a device of this tracker")
     b.add_argument("--rpc-key", default=None)
     b.add_argument("--input-shape", action="append", default=None, metavar="NAME:1x3x224x224")
     b.add_argument("--batch", type=_positive(int), default=1)
@@ -223,7 +229,8 @@ def _rpc(args: argparse.Namespace) -> dict | None:
     host, _, port = (args.rpc_tracker or "").rpartition(":")
     if not host or not port.isdigit() or not args.rpc_key:
         raise SpecError("--rpc-tracker HOST:PORT and --rpc-key KEY go together")
-    return {"host": host, "port": int(port), "key": args.rpc_key}
+    return {"host": host, "port": int(port), "key": args.rpc_key, "retry_s": getattr(args, "rpc_retry", 120.0),
+            "session_timeout": getattr(args, "rpc_session_timeout", 600.0)}
 
 
 def _cmd_tune_model(args: argparse.Namespace) -> int:

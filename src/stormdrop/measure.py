@@ -6,9 +6,10 @@ against the reference computed once per workload by the untuned build. Workers
 are persistent processes (TVM imported once); a crash or hang of a candidate
 kills only its worker, which is restarted, and becomes a typed failure.
 
-Builds and runs are not overlapped by default: on a machine with few cores a
-compilation running beside a timing distorts the timing. ``overlap=True`` turns
-it on for machines with cores to spare.
+Builds and runs are not overlapped: on a machine with few cores a compilation
+running beside a timing distorts the timing. On RPC devices (``MeasureConfig.rpc``)
+one runner a free device times candidates at once; a device lost for good hands its
+candidate to the others, and the run stops with one error line when none is left.
 """
 
 from __future__ import annotations
@@ -61,6 +62,13 @@ class MeasureConfig:
     rpc: dict | None = None  # {"host":..., "port":..., "key":...} to time on an RPC tracker's device
     rpc_devices: int = 0  # RPC: time on this many devices at once (0: every device free under the key)
     runner_memory_mb: float = 0.0  # a local runner grown past this is restarted (0: _tvm.runner_memory_limit_mb)
+
+    @property
+    def device_timeout_s(self) -> float:
+        """How long one timing may go unanswered before it counts as hung: ``run_timeout_s``, and on
+        an RPC device the time a lost session is tried again (``rpc["retry_s"]``) more, so that a
+        restarted tracker or server costs a wait, not a stored timeout."""
+        return self.run_timeout_s + (float(self.rpc.get("retry_s", 120)) + 30.0 if self.rpc else 0.0)
 
     def for_models(self, target: Target) -> MeasureConfig:
         """This config for a model's tasks: caches flushed on a CPU unless said otherwise. Timed warm,
@@ -144,6 +152,10 @@ class _Worker:
         self.kill()
 
 
+class DeviceGone(MeasureError):
+    """An RPC device that could not be reached again (the worker's ``DeviceLost``)."""
+
+
 class _Runner:
     """A runner worker and the workloads whose inputs and reference outputs it holds."""
 
@@ -160,6 +172,8 @@ class _Runner:
         if key in self.references:
             return
         status, value = self.worker.call("reference", (key, *workload), timeout=max(600.0, run_timeout_s))
+        if status == "lost":
+            raise DeviceGone(one_line(value))
         if status != "ok":
             reason = one_line(value) if str(value).strip() else status
             raise MeasureError(f"cannot compute the reference output of {key}: {reason}")
@@ -201,7 +215,7 @@ class Gateway:
     def prepare(self, key: str, workload: tvm.IRModule, seed: int = 0) -> None:
         """Make inputs and reference outputs for a workload (once per key)."""
         self._workloads.setdefault(key, (tvm.ir.save_json(workload), seed))
-        self._runners[0].ensure_reference(key, self._workloads[key], self.config.run_timeout_s)
+        self._runners[0].ensure_reference(key, self._workloads[key], self.config.device_timeout_s)
 
     def measure(self, key: str, mods: list[tvm.IRModule],
                 on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:
@@ -281,10 +295,10 @@ class Gateway:
 
     def _run(self, key: str, built: dict) -> MeasureResult:
         cfg, runner = self.config, self._runners[0]
-        runner.ensure_reference(key, self._workloads[key], cfg.run_timeout_s)
+        runner.ensure_reference(key, self._workloads[key], cfg.device_timeout_s)
         # a local device is shared with every other stormdrop process on this machine: one timing at a time
         with timing() if cfg.rpc is None else contextlib.nullcontext():
-            status, value = runner.worker.call("run", self._run_payload(key, built), timeout=cfg.run_timeout_s)
+            status, value = runner.worker.call("run", self._run_payload(key, built), timeout=cfg.device_timeout_s)
         if status == "lost":  # no device left to time on: stop here, everything measured is committed
             raise MeasureError(one_line(value))
         self._recycle_if_grown(runner)
@@ -308,14 +322,18 @@ class Gateway:
         """Time on every RPC device at once: each idle device takes the next candidate."""
         pending = [i for i, r in enumerate(results) if r is None]
         idle, busy = list(self._runners), {}  # id(conn) -> (runner, job)
-        timeout = self.config.run_timeout_s
+        timeout = self.config.device_timeout_s
         while pending or busy:
+            done = []
             while pending and idle:
                 runner, job = idle.pop(), pending.pop(0)
-                runner.ensure_reference(key, self._workloads[key], timeout)
+                try:
+                    runner.ensure_reference(key, self._workloads[key], timeout)
+                except DeviceGone as err:
+                    done.append((runner, job, "lost", str(err)))
+                    continue
                 runner.worker.send("run", self._run_payload(key, built[job]))
                 busy[id(runner.worker.conn)] = (runner, job)
-            done = []
             for conn in wait([r.worker.conn for r, _ in busy.values()], timeout=0.5):
                 runner, job = busy.pop(id(conn))
                 done.append((runner, job, *runner.worker.receive()))
@@ -330,9 +348,9 @@ class Gateway:
                     self._runners.remove(runner)
                     runner.worker.kill()
                     pending.insert(0, job)
-                    log.warning("%s; %d device(s) left", one_line(value), len(self._runners))
-                    if not self._runners:
+                    if not self._runners:  # the run stops with this one line; everything measured is committed
                         raise MeasureError(one_line(value))
+                    log.warning("%s; %d device(s) left", one_line(value), len(self._runners))
                     continue
                 results[job] = self._result(status, value, built[job])
                 idle.append(runner)
