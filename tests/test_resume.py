@@ -80,6 +80,63 @@ def test_a_kernel_killed_in_its_raindrop_resumes_it_and_measures_nothing_twice(t
     assert len(keys) == len(set(keys)), "a schedule was measured twice"
 
 
+def _donor_db(path, shapes):
+    """A database of matmuls of ``shapes``, one (fake-timed) design-space sample each: reuse donors."""
+    from stormdrop.records import MeasureResult, Phase, Record
+    from stormdrop.space import Candidate
+    from stormdrop.storm import make_context
+    from stormdrop.target import canonical, host_target
+
+    with Database(path) as db:
+        for shape in shapes:
+            k = parse_kernel(f"matmul:{shape}")
+            entry = db.commit_workload(k.mod, name=k.name, op_class=k.op_class, flops=k.flops)
+            cand = Candidate.from_schedule(make_context(k.mod, host_target(), seed=0).generate_design_space()[0],
+                                           Phase.STORM)
+            db.commit_record(Record(entry.workload_id, canonical(host_target()), cand.key, cand.trace_json, "[]",
+                                    MeasureResult(run_secs=(1e-4,) * 3), Phase.STORM, 0.0))
+    return path
+
+
+def test_a_kernel_killed_in_its_reuse_phase_resumes_it_and_measures_nothing_twice(tmp_path):
+    """SIGKILL once two of the transfers (from eight donors) are committed: the re-run keeps every
+    record, measures the transfers left (not those stored), then the storm, and ends with what an
+    uninterrupted run stores; no schedule is measured twice."""
+    donors = _donor_db(tmp_path / "donors.db", [f"M={m},N={n},K=64" for m, n in
+                                                ((32, 32), (48, 48), (96, 96), (128, 64), (64, 32), (32, 96),
+                                                 (96, 48), (128, 128))])
+    db = tmp_path / "u.db"
+    args = ["tune", "--kernel", SPEC, "--trials", "12", "--exploit-trials", "0", "--batch-size", "4",
+            "--reuse", "8", "--reuse-from", str(donors), "--no-progress"]
+    assert _stormdrop(*args, "--db", str(tmp_path / "ref.db")).returncode == 0
+    ref = [p for _, p in _phases(tmp_path / "ref.db")]
+    assert ref.count("reuse") >= 4 and len(ref) == 12, ref
+    args += ["--db", str(db)]
+    proc = subprocess.Popen([sys.executable, "-m", "stormdrop", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if sum(r[-1] == "reuse" for r in _phases(db)) >= 2:
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = _rows(db)
+    phases = [p for _, p in _phases(db)]
+    assert 2 <= phases.count("reuse") < ref.count("reuse") and "storm" not in phases, phases
+    out = tmp_path / "u.json"
+    result = _stormdrop(*args, "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    after = _rows(db)
+    assert after[: len(before)] == before, "records committed before the kill changed"
+    trials = json.loads(out.read_text())["tasks"][0]["trials"]
+    phases = [p for _, p in _phases(db)]
+    assert sorted(phases) == sorted(ref)  # as many transfers and storm candidates as uninterrupted
+    assert trials["reuse"] == ref.count("reuse") - len(before) and trials["storm"] == ref.count("storm")
+    keys = [k for k, _ in _phases(db)]
+    assert len(keys) == len(set(keys)), "a schedule was measured twice"
+
+
 def _phases(db):
     """(candidate key, phase) of every stored record, in order."""
     try:
