@@ -16,6 +16,11 @@ time. (Untuned TVM on a CPU runs naive loops, far slower than the paper's defaul
 schedules, so the fraction of the latency *gain*, ``(untuned - x) / (untuned - d)``, would be
 near 100% for anything tuned; it is in the JSON as ``*_gain_fraction``.)
 
+``--b0 FIELD=VALUE,...`` adds (b0), reuse only with other StormConfig fields (an A/B of the
+reuse choice: ``--b0 transfer_pool=1`` is reuse without the prior's ranking); ``--config`` sets
+them for (b) and (c). ``--keep-tuned`` with the ``--db-dir`` of an earlier run keeps its donors
+and (d) and tunes the reuse arms again (A/Bs of reuse at the cost of its arms alone).
+
 All tuning runs in this process; the timing then in a fresh one (the script re-executes itself
 with ``--retime``): tunes run in-process left the TVM runtime slower for the builds timed after
 them (a mobilenet_v2 build 4.6 ms timed alone, 7.7 ms after three tunes), ONNX Runtime not.
@@ -47,9 +52,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--trials-per-task", type=int, default=64, help="per-task cap of the donor and (d)")
     p.add_argument("--raindrop-trials", type=int, default=16, help="(c): raindrop trials per task")
     p.add_argument("--reuse", type=int, default=8, help="(b), (c): transfers measured per task at most")
-    p.add_argument("--unranked", action="store_true",
-                   help="also (b0): reuse with each donor's best in donor order (transfer_pool=1: no ranking of "
-                        "more transfers by the prior), the A/B of the ranking")
+    p.add_argument("--config", default="", metavar="FIELD=VALUE,...",
+                   help="StormConfig fields for (b) and (c), e.g. donor_order=shape,transfer_pool=1")
+    p.add_argument("--b0", default=None, metavar="FIELD=VALUE,...",
+                   help="also (b0): reuse only with these StormConfig fields instead (an A/B of (b))")
+    p.add_argument("--unranked", action="store_const", const="transfer_pool=1", dest="b0",
+                   help="same as --b0 transfer_pool=1")
+    p.add_argument("--keep-tuned", action="store_true",
+                   help="with the --db-dir of an earlier run: keep its donor and (d) tunings (and their times, "
+                        "from its tuning.json) and tune the reuse arms again")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--db-dir", default=None, help="keep the databases here (default: a new temporary directory, left in place: the "
@@ -81,24 +92,60 @@ def one_pair(donor: str, target_name: str, args: argparse.Namespace, target, db_
         return time.monotonic() - t0
 
     out = {"donor": donor, "target": target_name}
+    kept = earlier(args, db_dir, donor, target_name)
     donor_db = os.path.join(db_dir, f"{donor}.db")
-    out["donor_tuning_s"] = tuned(load(donor, args), donor_db, trials=None, trials_per_task=args.trials_per_task,
-                                  time_budget=args.donor_budget or args.time_budget)
+    if kept:
+        out["donor_tuning_s"] = kept["donor_tuning_s"]
+    else:
+        out["donor_tuning_s"] = tuned(load(donor, args), donor_db, trials=None, trials_per_task=args.trials_per_task,
+                                      time_budget=args.donor_budget or args.time_budget)
     model = load(target_name, args)
+    config = storm_config(args.config)
     runs = {
         "reuse": dict(phases=(Phase.REUSE,), reuse=args.reuse, reuse_from=[donor_db], trials=None,
-                      trials_per_task=2 * args.reuse),
+                      trials_per_task=2 * args.reuse, storm=config),
         "reuse_raindrop": dict(phases=(Phase.REUSE, Phase.RAINDROP), reuse=args.reuse, reuse_from=[donor_db],
-                               trials=None, trials_per_task=2 * args.raindrop_trials),
+                               trials=None, trials_per_task=2 * args.raindrop_trials, storm=config),
         "scratch": dict(trials=None, trials_per_task=args.trials_per_task, time_budget=args.time_budget, reuse=0),
     }
-    if args.unranked:
-        from stormdrop.storm import StormConfig
-
-        runs = {"reuse_unranked": {**runs["reuse"], "storm": StormConfig(transfer_pool=1)}, **runs}
+    if args.b0 is not None:
+        runs = {"reuse_unranked": {**runs["reuse"], "storm": storm_config(args.b0)}, **runs}
     for key, kw in runs.items():
-        out[f"{key}_tuning_s"] = tuned(model, os.path.join(db_dir, f"{target_name}_{key}.db"), **kw)
+        path = os.path.join(db_dir, f"{target_name}_{key}.db")
+        if kept and key == "scratch":
+            out[f"{key}_tuning_s"] = kept[f"{key}_tuning_s"]
+            continue
+        for suffix in ("", "-wal", "-shm"):  # a reuse arm of an earlier run is tuned again, from nothing
+            if kept and os.path.exists(path + suffix):
+                os.remove(path + suffix)
+        out[f"{key}_tuning_s"] = tuned(model, path, **kw)
     return out
+
+
+def storm_config(text: str):
+    """A StormConfig with the ``FIELD=VALUE,...`` of ``text`` (ints where the default is one)."""
+    import dataclasses
+
+    from stormdrop.storm import StormConfig
+
+    base, fields = StormConfig(), {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, _, value = item.partition("=")
+        kind = type(getattr(base, name))
+        fields[name] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+    return dataclasses.replace(base, **fields)
+
+
+def earlier(args: argparse.Namespace, db_dir: str, donor: str, target_name: str) -> dict | None:
+    """With ``--keep-tuned``: the earlier run's tuning of this pair (its tuning.json), if its donor and
+    (d) databases are in ``db_dir``."""
+    path = os.path.join(db_dir, "tuning.json")
+    if not args.keep_tuned or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        pairs = [p for p in json.load(f)["pairs"] if p["donor"] == donor and p["target"] == target_name]
+    found = all(os.path.exists(os.path.join(db_dir, f)) for f in (f"{donor}.db", f"{target_name}_scratch.db"))
+    return pairs[0] if pairs and found else None
 
 
 def timed(out: dict, args: argparse.Namespace, target, db_dir: str) -> dict:
@@ -185,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     header = ["donor -> target", "untuned", "(b) reuse", "s", "(c) reuse+raindrop", "s", "(d) scratch", "s",
               "ONNX Runtime", "(b) of (d)'s speedup", "(c) of (d)'s speedup", "(b) time / (d)", "(c) time / (d)"]
     if any("reuse_unranked_s" in r for r in results):
-        header[2:2] = ["(b0) reuse unranked", "s"]
+        header[2:2] = [f"(b0) reuse, {args.b0}", "s"]
         header[-4:-4] = ["(b0) of (d)'s speedup"]
         header.append("(b0) time / (d)")
     rows = [[f"{r['donor']} -> {r['target']}", ms(r["untuned_s"]),
@@ -200,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["", f"## Reuse, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- machine: {machine()}; target: `{canonical(target)}`", f"- command: `{command}`",
              f"- donors tuned with --time-budget {args.donor_budget or args.time_budget:.0f} s, (d) with "
-             f"{args.time_budget:.0f} s; (b) up to {args.reuse} transfers "
+             f"{args.time_budget:.0f} s{' (kept from an earlier run: --keep-tuned)' if args.keep_tuned else ''}; "
+             f"(b) up to {args.reuse} transfers{f' ({args.config})' if args.config else ''} "
              f"a task; (c) the same, then up to {args.raindrop_trials} raindrop trials a task; latencies in ms, "
              f"median of {args.rounds} rounds in which all peers take turns, in a fresh process after the tuning "
              "(`--retime`); (x) of (d)'s speedup = (untuned / x) / (untuned / d) = d / x", "",

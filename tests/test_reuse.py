@@ -309,7 +309,9 @@ def test_exact_class_donors_come_before_related_ones(tmp_path):
         t = kernel(24, 12, True)
         entry = db.commit_workload(t.mod, name=t.name, op_class=t.op_class, flops=t.flops)
         got = [w.workload_id for w, _ in donors(db, entry, canonical(host_target()))]
+        by_shape = [w.workload_id for w, _ in donors(db, entry, canonical(host_target()), order="shape")]
     assert got == [far.workload_id, near.workload_id]
+    assert by_shape == [near.workload_id, far.workload_id]  # order="shape": the nearest shapes first
 
 
 def test_a_resumed_run_is_not_charged_twice_for_its_transfers(tmp_path, donor_db):
@@ -326,9 +328,10 @@ def test_a_resumed_run_is_not_charged_twice_for_its_transfers(tmp_path, donor_db
 
 
 def test_with_a_prior_reuse_measures_the_nearest_donors_best_then_what_the_prior_ranks_fastest(tmp_path, monkeypatch):
-    """--reuse N with a prior: the two best records of more donors are transferred; the nearest
-    donor's best and the N - 1 transfers the prior ranks fastest are measured (no more than there
-    are donors). transfer_pool=1: the nearest donors' best records, in donor order, no ranking."""
+    """--reuse N with a prior and transfer_pool=2: the two best records of more donors are
+    transferred; the nearest donor's best and the N - 1 transfers the prior ranks fastest are
+    measured (no more than there are donors). The default, transfer_pool=1: the nearest donors'
+    best records, in donor order, no ranking."""
     from stormdrop.records import MeasureResult, Record
     from stormdrop.space import Candidate
     from stormdrop.storm import Storm, StormConfig
@@ -362,11 +365,11 @@ def test_with_a_prior_reuse_measures_the_nearest_donors_best_then_what_the_prior
             entry = d.find_workload(parse_kernel("matmul:M=48,N=80,K=64").mod)
             return [r.candidate_key for r in d.records(entry.workload_id) if r.phase is Phase.REUSE]
 
-    keys = reused(tmp_path / "ranked.db")
+    keys = reused(tmp_path / "ranked.db", storm=StormConfig(transfer_pool=2))
     assert len(ranked) == 1 and len(ranked[0]) >= 2  # more transfers (1 + 2) than measured (2)
     assert len(keys) == 2 and ranked[0][-1] in keys  # the prior's fastest ...
     nearest = next(k for k in keys if k != ranked[0][-1])
     assert nearest not in ranked[0]  # ... and the nearest donor's best, never ranked out
     ranked.clear()
-    plain = reused(tmp_path / "plain.db", storm=StormConfig(transfer_pool=1))
+    plain = reused(tmp_path / "plain.db")  # the default: transfer_pool=1
     assert ranked == [] and len(plain) == 2 and nearest in plain

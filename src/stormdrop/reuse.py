@@ -204,11 +204,14 @@ def transfer(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModule, 
 
 
 def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int | None = None,
-           others: Sequence[Database] = (), per_donor: int = 1) -> list[tuple[WorkloadEntry, list[str]]]:
+           others: Sequence[Database] = (), per_donor: int = 1, order: str = "class"
+           ) -> list[tuple[WorkloadEntry, list[str]]]:
     """(workload, its ``per_donor`` best traces) of the other workloads of a related class (at most
-    ``limit``): the same class first, then the same less elementwise epilogues, then the same main
-    operator with other epilogues, then with more of them (``related``); within each, nearest shapes
-    first (``shape_distance``, then FLOPs).
+    ``limit``). ``order="class"``: the same class first, then the same less elementwise epilogues,
+    then the same main operator with other epilogues, then with more of them (``related``); within
+    each, nearest shapes first (``shape_distance``, then FLOPs). ``order="shape"``: nearest shapes
+    first whatever the epilogues (a 1x1 expansion convolution + ReLU6 takes an expansion + SiLU's
+    schedule before a projection + bias's), the relation breaking ties.
 
     ``others``: more databases to draw donors from (``--reuse-from``, read only); there the same
     workload counts too (tuned for another model, say), and comes first.
@@ -225,8 +228,15 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int | Non
             best = source.best(other.workload_id, target_key, k=per_donor)
             if best:
                 out.append((other, [r.trace_json for r in best], (not same, rank)))
-    out.sort(key=lambda d: (d[2], shape_distance(d[0].mod, entry.mod),
-                            abs(math.log(max(d[0].flops, 1)) - math.log(max(entry.flops, 1)))))
+    if order not in ("class", "shape"):
+        raise ValueError(f"donor order {order!r}: 'class' or 'shape'")
+
+    def key(d):
+        elsewhere, rank = d[2]  # not this very workload (tuned in another database), the relation
+        near = (shape_distance(d[0].mod, entry.mod), abs(math.log(max(d[0].flops, 1)) - math.log(max(entry.flops, 1))))
+        return (elsewhere, rank, *near) if order == "class" else (elsewhere, near[0], rank, near[1])
+
+    out.sort(key=key)
     return [(w, t) for w, t, _ in out[:limit]]
 
 
@@ -248,12 +258,12 @@ def shape_distance(a: tvm.IRModule, b: tvm.IRModule) -> float:
 
 
 def transfers(db: Database, entry: WorkloadEntry, target_key: str, postprocs: list, limit: int = 8,
-              others: Sequence[Database] = (), per_donor: int = 1) -> list[list[Candidate]]:
+              others: Sequence[Database] = (), per_donor: int = 1, order: str = "class") -> list[list[Candidate]]:
     """Transferred schedules for ``entry`` from at most ``limit`` donors (``donors`` order), one
     list per donor: its ``per_donor`` best records transferred, distinct, best first. A donor none
     of whose schedules transfers gives its place to the next one."""
     groups, seen = [], set()
-    for donor, traces in donors(db, entry, target_key, others=others, per_donor=per_donor):
+    for donor, traces in donors(db, entry, target_key, others=others, per_donor=per_donor, order=order):
         if len(groups) >= limit:
             break
         group = []

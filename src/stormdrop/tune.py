@@ -325,7 +325,8 @@ class TaskTuner:
         task = self.task
         pool = max(1, self.storm_config.transfer_pool) if self.storm.ranks else 1
         groups = transfers(task.db, task.entry, task.target_key, self.storm.ctx.space_generator.postprocs,
-                           limit=budget * pool, others=self.donor_dbs, per_donor=2 if pool > 1 else 1)
+                           limit=budget * pool, others=self.donor_dbs, per_donor=2 if pool > 1 else 1,
+                           order=self.storm_config.donor_order)
         if not groups:
             return False
         if pool > 1 and len(groups) > 1:
