@@ -55,15 +55,7 @@ def test_a_kernel_killed_in_its_raindrop_resumes_it_and_measures_nothing_twice(t
     db = tmp_path / "r.db"
     args = ["tune", "--kernel", SPEC, "--trials", "8", "--exploit-trials", "24", "--batch-size", "4",
             "--db", str(db), "--no-progress"]
-    proc = subprocess.Popen([sys.executable, "-m", "stormdrop", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        if sum(r[-1] == "raindrop" for r in _phases(db)) >= 2:
-            break
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    _kill_once(args, db, "raindrop", 2)
     before = _rows(db)
     phases = [p for _, p in _phases(db)]
     assert phases.count("storm") == 8 and 2 <= phases.count("raindrop") < 24, phases
@@ -112,15 +104,7 @@ def test_a_kernel_killed_in_its_reuse_phase_resumes_it_and_measures_nothing_twic
     ref = [p for _, p in _phases(tmp_path / "ref.db")]
     assert ref.count("reuse") >= 4 and len(ref) == 12, ref
     args += ["--db", str(db)]
-    proc = subprocess.Popen([sys.executable, "-m", "stormdrop", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        if sum(r[-1] == "reuse" for r in _phases(db)) >= 2:
-            break
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    _kill_once(args, db, "reuse", 2)
     before = _rows(db)
     phases = [p for _, p in _phases(db)]
     assert 2 <= phases.count("reuse") < ref.count("reuse") and "storm" not in phases, phases
@@ -135,6 +119,19 @@ def test_a_kernel_killed_in_its_reuse_phase_resumes_it_and_measures_nothing_twic
     assert trials["reuse"] == ref.count("reuse") - len(before) and trials["storm"] == ref.count("storm")
     keys = [k for k, _ in _phases(db)]
     assert len(keys) == len(set(keys)), "a schedule was measured twice"
+
+
+def _kill_once(args, db, phase: str, n: int) -> None:
+    """Start ``stormdrop *args`` and SIGKILL it (its process group) once ``db`` holds ``n`` records of ``phase``."""
+    proc = subprocess.Popen([sys.executable, "-m", "stormdrop", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if sum(r[-1] == phase for r in _phases(db)) >= n:
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _phases(db):

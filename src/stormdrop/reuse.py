@@ -29,7 +29,7 @@ import math
 import os
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import tvm
 import tvm_ffi
@@ -279,6 +279,19 @@ def transfers(db: Database, entry: WorkloadEntry, target_key: str, postprocs: li
             groups.append(group)
     log.debug("reuse: %d candidates from %d donors", sum(map(len, groups)), len(groups))
     return groups
+
+
+def chosen_transfers(groups: list[list[Candidate]], budget: int,
+                     rank: Callable[[list[Candidate]], list[float]] | None = None) -> list[Candidate]:
+    """The transfers to measure, as many as there are donors and at most ``budget``: each donor's best
+    in donor order; with ``rank`` (cost-model scores, higher is faster) and more than one donor, the
+    nearest donor's best, then every other transfer by score."""
+    if rank is None or len(groups) < 2:
+        return [g[0] for g in groups[:budget]]
+    rest = [c for g in groups for c in g][1:]
+    scores = rank(rest)
+    ranked = sorted(range(len(rest)), key=lambda i: -scores[i])
+    return [groups[0][0], *(rest[i] for i in ranked)][:min(budget, len(groups))]
 
 
 def reuse_candidates(db: Database, entry: WorkloadEntry, target_key: str, postprocs: list,

@@ -315,7 +315,7 @@ class TaskTuner:
 
     def _reuse(self, limit: int | None = None) -> bool:
         """Measure transferred schedules of same-class workloads (out of the storm's budget)."""
-        from .reuse import transfers
+        from .reuse import chosen_transfers, transfers
 
         # out of the storm's budget when there is a storm; else its own
         room = self.storm.remaining if Phase.STORM in self.phases else self.reuse_donors
@@ -329,14 +329,8 @@ class TaskTuner:
                            order=self.storm_config.donor_order)
         if not groups:
             return False
-        if pool > 1 and len(groups) > 1:
-            # the nearest donor's best, then the transfers the prior ranks fastest: as many as donors
-            rest = [c for g in groups for c in g][1:]
-            scores = self.storm.predict(rest, learn=False)
-            ranked = sorted(range(len(rest)), key=lambda i: -scores[i])
-            cands = [groups[0][0], *(rest[i] for i in ranked)][:min(budget, len(groups))]
-        else:
-            cands = [g[0] for g in groups[:budget]]
+        rank = partial(self.storm.predict, learn=False) if pool > 1 else None
+        cands = chosen_transfers(groups, budget, rank)
         results = task.evaluate(cands)
         self.storm.absorb(cands, results, task.fresh)
         self.rounds += 1
