@@ -113,13 +113,18 @@ def _time_call(fn: Callable[[], object], repeat: int = 10, min_repeat_s: float =
 
 
 def vendor_latency(op_class: str, args: list[tuple[str, tuple[int, ...], str]],
-                   params: dict[str, str], threads: int) -> tuple[float | None, str]:
-    """(seconds, library) for NumPy/OpenBLAS (matmuls) or PyTorch (NCHW convs); (None, why) otherwise."""
+                   params: dict[str, str], threads: int, device: str = "llvm") -> tuple[float | None, str]:
+    """(seconds, library) for NumPy/OpenBLAS (matmuls) or PyTorch (NCHW convs); (None, why) otherwise.
+
+    On a CUDA target: PyTorch on the GPU (cuBLAS, cuDNN) in float32 with TF32 off, as TVM's
+    float32 kernels compute."""
     import numpy as np
 
     rng = np.random.default_rng(0)
     if any(dt != "float32" for _, _, dt in args):
         return None, "n/a (dtype)"
+    if device == "cuda":
+        return _gpu_vendor_latency(op_class, args, params, rng)
     ins = [rng.standard_normal(shape, dtype=np.float32) for _, shape, _ in args[:-1]]
     out = np.empty(args[-1][1], dtype=np.float32)
     if op_class in ("matmul", "batch_matmul"):
@@ -145,3 +150,38 @@ def vendor_latency(op_class: str, args: list[tuple[str, tuple[int, ...], str]],
             return conv(data, weight, stride=stride, padding=pad, groups=groups)
 
     return _time_call(run), "torch"
+
+
+def _gpu_vendor_latency(op_class: str, args: list[tuple[str, tuple[int, ...], str]],
+                        params: dict[str, str], rng: Any) -> tuple[float | None, str]:
+    """Median seconds per call of PyTorch's CUDA kernel for the workload (synchronized per sample)."""
+    try:
+        import torch
+    except ImportError:
+        return None, "n/a (no torch)"
+    if not torch.cuda.is_available():
+        return None, "n/a (torch sees no GPU)"
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    ins = [torch.from_numpy(rng.standard_normal(shape, dtype="float32")).cuda() for _, shape, _ in args[:-1]]
+    if op_class in ("matmul", "batch_matmul"):
+        a, b = ins
+        fn, lib = (lambda: torch.matmul(a, b)), "torch cuBLAS"
+    elif op_class == "dense":
+        x, w = ins
+        fn, lib = (lambda: torch.nn.functional.linear(x, w)), "torch cuBLAS"
+    elif op_class in ("conv2d", "depthwise_conv2d"):
+        data, weight = ins
+        stride, pad = int(params.get("stride", 1)), int(params.get("pad", 0))
+        groups = data.shape[1] if op_class == "depthwise_conv2d" else 1
+        fn, lib = (lambda: torch.nn.functional.conv2d(data, weight, stride=stride, padding=pad,
+                                                       groups=groups)), "torch cuDNN"
+    else:
+        return None, "n/a"
+
+    def run() -> object:
+        with torch.no_grad():
+            fn()
+        torch.cuda.synchronize()
+
+    return _time_call(run), f"{lib}, fp32"

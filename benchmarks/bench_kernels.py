@@ -45,6 +45,9 @@ KERNELS = {  # short name -> stormdrop spec (batch 1)
     "bert_qk": "batch_matmul:B=12,M=128,N=128,K=64",  # BERT-base attention scores Q.K^T, seq 128
     "gpt2_qkv": "dense:M=64,N=2304,K=768",  # GPT-2 small fused QKV projection, seq 64
     "mnas_dw5": "depthwise_conv2d:N=1,C=480,H=14,W=14,R=5,S=5,stride=1,pad=2",  # MnasNet-A1 5x5 dw
+    # GPU-sized (2026-11-26, for the first NVIDIA runs): a CPU takes these too, slowly
+    "mm1024": "matmul:M=1024,N=1024,K=1024",
+    "r50_c2_b8": "conv2d:N=8,C=64,H=56,W=56,K=64,R=3,S=3,stride=1,pad=1",  # ResNet-50 conv2_x 3x3, batch 8
 }
 TUNERS = ("stormdrop", "ms_same", "ms_3x", "ms_postopt")
 HEADER = ["kernel", "stormdrop latency (us)", "GFLOPS", "tuning s", "trials",
@@ -65,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="comma-separated seeds: every tuner runs once per seed (overrides --seed)")
     p.add_argument("--no-postopt", action="store_true", help="skip MetaSchedule + post_optimization")
     p.add_argument("--skip-3x", action="store_true", help="skip MetaSchedule at 3x the trials")
+    p.add_argument("--target", default=None,
+                   help='TVM target for every tuner: JSON dict, tag or "cuda" (default: the host CPU)')
     p.add_argument("--threads", type=int, default=0,
                    help="threads of TVM kernels, OpenBLAS and torch (default: the target's num-cores)")
     p.add_argument("--out", default="benchmarks/RESULTS.md", help="Markdown file to append to")
@@ -266,21 +271,37 @@ def main(argv: list[str] | None = None) -> int:
     from _peers import machine, short, vendor_latency
 
     from stormdrop import _tvm
+    from stormdrop.errors import SpecError
     from stormdrop.measure import Gateway, MeasureConfig
-    from stormdrop.target import canonical, host_target
+    from stormdrop.target import canonical, parse_target, physical_cores
     from stormdrop.workloads import kernel_args, parse_kernel
 
-    target = host_target()
+    try:
+        target = parse_target(args.target)
+    except SpecError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     _tvm.load_tensor_intrinsics(target.kind.name)
-    threads = int(os.environ.get(_PINNED, 0) or target.attrs["num-cores"])
+    threads = int(os.environ.get(_PINNED, 0) or target.attrs.get("num-cores", physical_cores()))
     mach = machine()
+    if target.kind.name == "cuda":
+        import tvm
+
+        dev = tvm.cuda(0)
+        mach += f"; GPU: {dev.device_name if dev.exist else 'none visible'}"
     print(f"target: {canonical(target)}\nmachine: {mach}\nthreads: {threads}", flush=True)
     kernels = [parse_kernel(KERNELS[n]) for n in args.names]
     if args.dry_run:
         import tvm
 
         for n, k in zip(args.names, kernels):
-            tvm.compile(k.mod, target=target)
+            mod = k.mod
+            if target.kind.name == "cuda":  # an unscheduled kernel has no GPU threads: dlight's default
+                from tvm.s_tir import dlight as dl
+
+                with target:
+                    mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.Fallback())(mod)
+            tvm.compile(mod, target=target)
             print(f"  {n}: {k.name} ({k.op_class}, {k.flops / 1e9:.3f} GFLOP) builds", flush=True)
         return 0
     rows, raw, ratios = [], [], []
@@ -297,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
                 per_seed.append(res)
             res = combine(per_seed)
             try:
-                vsec, lib = vendor_latency(k.op_class, kernel_args(k.mod), spec_params(k.spec), threads)
+                vsec, lib = vendor_latency(k.op_class, kernel_args(k.mod), spec_params(k.spec), threads,
+                                           device=target.kind.name)
             except Exception as err:  # noqa: BLE001
                 vsec, lib = None, f"failed: {short(err)}"
             vendor = f"{vsec * 1e6:.1f} ({lib})" if vsec else lib

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# CUDA checks and kernel numbers on a lent NVIDIA machine (the `device` tool of this workplace),
+# where nothing can be installed from the network and at most 64 MiB travel per call.
+#
+# The apache-tvm wheel does not fit one call, so it travels in two parts, prepared here:
+#   .gpu1/libtvm_compiler.so.xz   xz -9 of site-packages/tvm/lib/libtvm_compiler.so
+#   .gpu2/tvm_rest.tar.xz         the rest of site-packages/tvm (no cutlass headers, no caches)
+#   .gpu2/*.whl                   cp312 wheels of apache-tvm-ffi==0.1.14.post1, xgboost-cpu, platformdirs
+# (both folders listed in .git/info/exclude). Call 1: `bash benchmarks/device_cuda.sh stage`
+# carrying .gpu1; call 2, on the still-warm machine: `bash benchmarks/device_cuda.sh run`
+# carrying .gpu2. The run installs into /tmp/site, checks the GPU, runs tests/test_cuda.py
+# (the GPU test included) and benchmarks/bench_kernels.py --target cuda; logs and JSON go to $OUT.
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT" /tmp/stage /tmp/site
+export PYTHONUNBUFFERED=1
+step=${1:-run}
+
+if [ "$step" = stage ]; then
+    cp .gpu1/libtvm_compiler.so.xz /tmp/stage/ && ls -la /tmp/stage
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
+    python3 -c "from cuda.bindings import nvrtc; print('nvrtc', nvrtc.nvrtcVersion())"
+    exit 0
+fi
+
+t0=$(date +%s)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu2/*.whl || exit 1
+python3 -c "import tarfile; tarfile.open('.gpu2/tvm_rest.tar.xz').extractall('/tmp/site')" || exit 1
+if [ ! -f /tmp/site/tvm/lib/libtvm_compiler.so ]; then
+    [ -f /tmp/stage/libtvm_compiler.so.xz ] || { echo "no staged libtvm_compiler.so.xz: run the stage call first"; exit 1; }
+    xz -dc /tmp/stage/libtvm_compiler.so.xz > /tmp/site/tvm/lib/libtvm_compiler.so || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests
+echo "installed in $(( $(date +%s) - t0 )) s"
+python3 - <<'EOF' 2>&1 | tee "$OUT/gpu.txt" || exit 1
+import tvm
+dev = tvm.cuda(0)
+print("tvm", tvm.__version__, "cuda runtime", tvm.runtime.enabled("cuda"), "GPU", dev.exist,
+      dev.device_name, dev.compute_version, dev.multi_processor_count, "SMs")
+EOF
+timeout -s INT 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py -rs ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/test_cuda.log"
+echo "tests done at $(( $(date +%s) - t0 )) s"
+timeout -s INT "${BENCH_S:-330}" python3 benchmarks/bench_kernels.py --target cuda \
+    --kernels "${KERNELS:-mm1024,r50_c2_b8}" --trials "${TRIALS:-64}" --exploit-trials "${EXPLOIT:-32}" \
+    --skip-3x --no-postopt --json "$OUT/results_kernels_h100.json" --out "$OUT/RESULTS_h100.md" 2>&1 | tee "$OUT/bench.log"
+echo "done at $(( $(date +%s) - t0 )) s"
