@@ -1,16 +1,14 @@
-"""NVIDIA GPUs without one: CUDA candidates are sampled, built to device code on this CPU-only host
-(TVM's CUDA codegen + NVRTC from the `cuda` extra), their Droplet neighbours replay, and a model's
-tasks extract for CUDA. Timing them needs a GPU (here or behind an RPC tracker)."""
+"""NVIDIA GPUs without one: CUDA candidates are sampled, built and compiled to cubins for their arch
+on this CPU-only host (TVM's CUDA codegen + NVRTC from the `cuda` extra), their Droplet neighbours
+replay, and a model's tasks extract for CUDA. Timing them needs a GPU (here or behind an RPC tracker)."""
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import tvm
 from test_model import tiny_net
 
-from stormdrop import _worker
+from stormdrop import _tvm, _worker
 from stormdrop.model_tune import extract_tasks
 from stormdrop.space import DecisionSpace
 from stormdrop.storm import Storm, StormConfig
@@ -23,10 +21,12 @@ pytest.importorskip("cuda.bindings.nvrtc", reason="NVRTC bindings: pip install -
 SMALL = StormConfig(batch_size=3, population_size=16, genetic_num_iters=1, init_min_unmeasured=16)
 
 
-def _device_code(path) -> bool:
-    """The exported library holds a CUDA module with its kernel (compiled by NVRTC, not just source)."""
-    data = open(path, "rb").read()
-    return b"main_kernel" in data and os.path.getsize(path) > 10_000
+def _device_sms(mod, target) -> set[int]:
+    """The SM versions of the cubins NVRTC makes of the candidate's CUDA kernels (machine code, not
+    source: the library TVM exports holds only source, compiled when a GPU loads it)."""
+    lib = tvm.build(mod, target=target)
+    arch = str(target.attrs["arch"])
+    return {_tvm.cubin_sm(_tvm.cuda_cubin(m.inspect_source(), arch)) for m in lib.imports if m.kind == "cuda"}
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -40,7 +40,8 @@ def test_cuda_candidates_are_sampled_and_built_to_device_code(tmp_path, arch):
     text = cands[0].sch.mod.script()
     assert "threadIdx.x" in text and "blockIdx" in text  # bound to the GPU's threads
     built = _worker._build(target, tvm.ir.save_json(cands[0].mod), str(tmp_path / "c0.so"))
-    assert _device_code(built["timed"]) and built["pack"] is None
+    assert built["cubin_bytes"] > 10_000 and built["pack"] is None  # the builder compiled it
+    assert _device_sms(cands[0].mod, target) == {int(arch[3:])}
 
     # the raindrop's coordinates cover the CUDA decisions, and neighbours replay and build
     space = DecisionSpace(kernel.mod, storm.ctx.space_generator.postprocs, cands[0].sch.trace, num_cores=1)
@@ -48,8 +49,24 @@ def test_cuda_candidates_are_sampled_and_built_to_device_code(tmp_path, arch):
     valid = [s for s in (space.apply(p) for p in space.neighbours(space.start, 1)[:12]) if s is not None]
     assert valid, "no radius-1 neighbour of a CUDA schedule replays"
     built = _worker._build(target, tvm.ir.save_json(valid[0].mod), str(tmp_path / "n0.so"))
-    assert _device_code(built["timed"])
+    assert built["cubin_bytes"] > 10_000 and _device_sms(valid[0].mod, target) == {int(arch[3:])}
     storm.close()
+
+
+class _Source:
+    kind = "cuda"
+
+    def inspect_source(self) -> str:
+        return 'extern "C" __global__ void main_kernel(float* a) { a[0] = undefined_name; }'
+
+
+class _Library:
+    imports = [_Source()]
+
+
+def test_a_cuda_kernel_that_does_not_compile_fails_its_build_on_the_host():
+    with pytest.raises(RuntimeError, match="undefined_name"):
+        _worker._check_cuda(_Library(), parse_target({"kind": "cuda", "arch": "sm_90"}))
 
 
 def test_a_models_tasks_extract_for_cuda_without_cpu_weight_packing(tmp_path):

@@ -45,6 +45,15 @@
   instructions use a random variable no earlier instruction defined (a truncated or edited
   file) crashes the process now and then (segmentation fault) instead of raising.
   ``check_trace_json`` refuses such a trace with a ``ValueError`` before TVM sees it.
+- ``tvm.build`` for CUDA stores the kernels' CUDA *source* (format ``cuda``); it is compiled
+  only when a GPU's runtime loads the library. A CPU-only host never learnt whether a candidate
+  compiles at all, and the tests' "device code" was source. TVM's NVRTC path
+  (``tvm.support.nvcc.compile_cuda``) also finds headers only in a toolkit's layout (CUDA_PATH,
+  or nvcc's folder, where it does not see through a wrapper script such as /usr/local/bin/nvcc
+  here), not in NVIDIA's pip packages (``nvidia/cu13/include`` and its ``cccl``); and NVRTC 12
+  fails on CUDA 13's headers. ``cuda_cubin`` compiles a source to a cubin with the `cuda`
+  extra's NVRTC and headers (same version), or a toolkit's; the builder checks every CUDA
+  candidate with it (a source that does not compile is a build error, on the host).
 """
 
 from __future__ import annotations
@@ -96,6 +105,9 @@ def load_tensor_intrinsics(target: str | Any) -> None:
     if kind != "llvm":
         import tvm.s_tir.tensor_intrin  # noqa: F401  (all backends; slow but needed for GPUs)
 
+        # after a CPU target's cheap import, the package in sys.modules is the stub whose
+        # __init__ never ran: a GPU target's intrinsics must still be registered
+        importlib.import_module(f"{_INTRIN_PKG}.cuda")
         return
     families = ("x86", "arm_cpu") if isinstance(target, str) else (_cpu_family(target),)
     if _INTRIN_PKG not in sys.modules:
@@ -319,3 +331,49 @@ def runner_memory_limit_mb() -> float:
     except (ValueError, OSError, AttributeError):
         total_mb = 16384.0
     return max(1536.0, min(4096.0, total_mb / 4))
+
+
+CUDA_EM_MACHINE = 190  # ELF e_machine of NVIDIA's cubins
+
+
+def cuda_headers() -> tuple[str, list[str]]:
+    """(CUDA root holding include/cuda_runtime.h, extra include folders) for NVRTC: the `cuda`
+    extra's pip packages first (nvidia/cu13, versions pinned with its NVRTC), else a toolkit."""
+    spec = importlib.util.find_spec("nvidia")
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        for root in sorted(os.path.join(base, n) for n in os.listdir(base) if re.fullmatch(r"cu\d+", n)):
+            if os.path.isfile(os.path.join(root, "include", "cuda_runtime.h")):
+                cccl = os.path.join(root, "include", "cccl")
+                return root, [cccl] if os.path.isdir(cccl) else []
+    for root in (os.environ.get("CUDA_PATH", ""), "/usr/local/cuda"):
+        if root and os.path.isfile(os.path.join(root, "include", "cuda_runtime.h")):
+            return root, []
+    raise RuntimeError("no CUDA headers for NVRTC: pip install 'stormdrop[cuda]', or set CUDA_PATH to a toolkit")
+
+
+def cuda_cubin(source: str, arch: str) -> bytes:
+    """``source`` (a CUDA module's, from ``tvm.build``) compiled by NVRTC to a cubin for ``arch``."""
+    from tvm.support import nvcc
+
+    root, includes = cuda_headers()
+    before = os.environ.get("CUDA_PATH")
+    os.environ["CUDA_PATH"] = root  # where compile_cuda looks for include/ (see the module's notes)
+    try:
+        return bytes(nvcc.compile_cuda(source, target_format="cubin", arch=arch, compiler="nvrtc",
+                                       options=[f"-I{p}" for p in includes]))
+    finally:
+        if before is None:
+            del os.environ["CUDA_PATH"]
+        else:
+            os.environ["CUDA_PATH"] = before
+
+
+def cubin_sm(cubin: bytes) -> int:
+    """The SM version a cubin's machine code is for (ELF e_flags), e.g. 90; ValueError if not a cubin."""
+    import struct
+
+    if cubin[:4] != b"\x7fELF" or struct.unpack_from("<H", cubin, 18)[0] != CUDA_EM_MACHINE:
+        raise ValueError("not a CUDA cubin")
+    flags = struct.unpack_from("<I", cubin, 48)[0]
+    # CUDA 13's cubins keep the SM in bits 8-15 (e.g. 0x6005a04 for sm_90); older ones in bits 0-7
+    return (flags >> 8) & 0xFF if flags >> 24 else flags & 0xFF

@@ -88,12 +88,32 @@ def _build(target: Any, mod_json: str, out_path: str) -> dict:
     if rewrites and cut is None:
         raise RuntimeError("the weights' layout rewrite could not be split off the kernel, as a model would")
     if cut is None:
-        tvm.build(mod, target=target).export_library(out_path)
-        return {"timed": out_path, "args": shapes(mod["main"]), "pack": None}
+        lib = tvm.build(mod, target=target)
+        built = {"timed": out_path, "args": shapes(mod["main"]), "pack": None}
+        if target.kind.name == "cuda":
+            built["cubin_bytes"] = _check_cuda(lib, target)
+        lib.export_library(out_path)
+        return built
     tvm.build(tvm.IRModule({"main": cut.compute, "pack": cut.pack}), target=target).export_library(out_path)
     plan = {"inputs": list(cut.pack_inputs), "outputs": shapes(cut.pack)[len(cut.pack_inputs):],
             "args": [list(a) for a in cut.compute_args]}
     return {"timed": out_path, "args": shapes(cut.compute), "pack": plan}
+
+
+def _check_cuda(lib: Any, target: Any) -> int | None:
+    """Compile the library's CUDA source for the target's arch (as the GPU's runtime will when it
+    loads it): a candidate that does not compile fails here, on the host. Returns the cubin's
+    size; None (no check) without the `cuda` extra's NVRTC and headers."""
+    from . import _tvm
+
+    try:
+        import cuda.bindings.nvrtc  # noqa: F401
+
+        _tvm.cuda_headers()
+    except (ImportError, RuntimeError):  # no NVRTC or no headers: the GPU's runtime compiles it
+        return None
+    arch = str(target.attrs.get("arch", ""))
+    return sum(len(_tvm.cuda_cubin(m.inspect_source(), arch)) for m in lib.imports if m.kind == "cuda")
 
 
 class DeviceLost(RuntimeError):
