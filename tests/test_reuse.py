@@ -13,7 +13,7 @@ from stormdrop.database import Database
 from stormdrop.kernel_tune import tune_kernel
 from stormdrop.records import Phase
 from stormdrop.reuse import nearest_factorization, transfer
-from stormdrop.storm import make_context
+from stormdrop.storm import StormConfig, make_context
 from stormdrop.target import host_target
 from stormdrop.workloads import kernel_args, parse_kernel
 
@@ -100,12 +100,17 @@ def test_reuse_phase_measures_transfers_from_a_same_class_kernel(tmp_path):
     tune_kernel("matmul:M=64,N=64,K=64", trials=8, exploit_trials=0, db=db, seed=0)
     task = tune_kernel("matmul:M=48,N=80,K=64", trials=8, exploit_trials=0, db=db, seed=0).tasks[0]
     assert task.verified
-    assert task.trials["reuse"] == 1  # one donor, its best schedule transferred
-    assert task.trials["storm"] == 7  # reuse is part of the trial budget
+    # one donor: its best schedule transferred, and its decisions in each of the matmul's 3 sketches
+    assert task.trials["reuse"] == 4
+    assert task.trials["storm"] == 4  # reuse is part of the trial budget
     with Database(db) as d:
         entry = d.find_workload(parse_kernel("matmul:M=48,N=80,K=64").mod)
         phases = [r.phase for r in d.records(entry.workload_id)]
-    assert phases.count(Phase.REUSE) == 1
+    assert phases.count(Phase.REUSE) == 4
+    # without the sketches: each donor's best schedule alone (both matmuls of that database)
+    alone = tune_kernel("matmul:M=48,N=80,K=64", trials=8, exploit_trials=0, db=tmp_path / "alone.db",
+                        seed=0, storm=StormConfig(transfer_sketches=False), reuse_from=[db]).tasks[0]
+    assert alone.trials["reuse"] == 2 and alone.trials["storm"] == 6
     # A kernel of another class gets nothing to reuse.
     other = tune_kernel("dense:M=16,N=16,K=16", trials=4, exploit_trials=0, db=db, seed=0).tasks[0]
     assert other.trials["reuse"] == 0
@@ -140,7 +145,8 @@ def test_phases_reuse_only_and_donors_from_another_database_left_unchanged(tmp_p
                         "--json", str(js), "--no-progress"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     task = json.loads(js.read_text())["tasks"][0]
-    assert 1 <= task["trials"]["reuse"] <= 2 and task["trials"]["storm"] == 0 and task["trials"]["raindrop"] == 0
+    # two donors, each transferred and moved into the sketches: up to the 8 of --reuse's default
+    assert 2 <= task["trials"]["reuse"] <= 8 and task["trials"]["storm"] == 0 and task["trials"]["raindrop"] == 0
     assert task["verified"]
     assert _digest(donor_db) == before
     with Database(tmp_path / "new.db") as d:
@@ -156,7 +162,7 @@ def test_reuse_then_raindrop_without_a_storm(tmp_path, donor_db, monkeypatch):
     monkeypatch.setattr(XGBModel, "update", lambda self, *a: (trained.append(1), update(self, *a))[1])
     task = tune_kernel("matmul:M=48,N=80,K=64", trials=8, exploit_trials=6, db=tmp_path / "rr.db", seed=0,
                        phases=(Phase.REUSE, Phase.RAINDROP), reuse_from=[donor_db]).tasks[0]
-    assert task.trials["storm"] == 0 and 1 <= task.trials["reuse"] <= 2 and 1 <= task.trials["raindrop"] <= 6
+    assert task.trials["storm"] == 0 and 2 <= task.trials["reuse"] <= 8 and 1 <= task.trials["raindrop"] <= 6
     assert task.verified
     assert trained == []
 
@@ -373,3 +379,34 @@ def test_with_a_prior_reuse_measures_the_nearest_donors_best_then_what_the_prior
     ranked.clear()
     plain = reused(tmp_path / "plain.db")  # the default: transfer_pool=1
     assert ranked == [] and len(plain) == 2 and nearest in plain
+
+
+def test_a_donors_decisions_move_into_every_sketch_and_the_kernels_compute_right():
+    """A conv + ReLU donor computed apart from its tiles (its own sketch) gives a conv + ReLU6 of
+    another shape its tile sizes in each of that workload's sketches: the one that computes the
+    epilogue inside the tiles (ReverseComputeAt) too. Every kernel computes the right answer, and
+    every tile is the donor's refitted to the new extents."""
+    from stormdrop.reuse import in_sketches
+
+    donor = _conv_epilogue(16, 14, residual=False, act="relu")
+    target = _conv_epilogue(24, 10, residual=False, act="relu6")
+    ctx = make_context(target, host_target(), seed=0)
+    spaces = ctx.generate_design_space()
+    donor_spaces = make_context(donor, host_target(), seed=1).generate_design_space()
+    apart = next(s for s in donor_spaces if not any(i.kind.name == "ReverseComputeAt" for i in s.trace.insts))
+    donor_json = _tvm.trace_to_json(apart.trace)
+    moved = in_sketches(donor, donor_json, target, spaces, ctx.space_generator.postprocs)
+    assert len(moved) == len(spaces) >= 2
+    assert any(any(i.kind.name == "ReverseComputeAt" for i in s.trace.insts) for s in moved)
+    donor_tiles = [[int(x) for x in apart.trace.decisions[i]] for i in apart.trace.insts
+                   if i.kind.name == "SamplePerfectTile"]
+    for k, sch in enumerate(moved):
+        tiles = [[int(x) for x in sch.trace.decisions[i]] for i in sch.trace.insts
+                 if i.kind.name == "SamplePerfectTile"]
+        assert len(tiles) == len(donor_tiles)
+        for old, new in zip(donor_tiles, tiles):
+            assert new == old or math.prod(old) != math.prod(new)  # kept where it fits, refitted elsewhere
+        rng = np.random.default_rng(k)
+        args = [rng.standard_normal(shape).astype(dtype) for _, shape, dtype in kernel_args(target)]
+        np.testing.assert_allclose(_run(sch.mod, [a.copy() for a in args]), _run(target, [a.copy() for a in args]),
+                                   rtol=1e-4, atol=1e-4)

@@ -16,7 +16,13 @@ Blocks are matched by kind, counters and variable numbers left out
 (``lv224_red`` is ``lv85_red``), in order.
 Tile factorizations that do not fit the new loop extents are mapped to the
 nearest valid factorization (inner levels first: they hold the register tile
-and the vector width), never dropped; the other decisions are kept. A transfer
+and the vector width), never dropped; the other decisions are kept.
+A donor's decisions are also moved into each of this workload's sketches (its design
+spaces: with the epilogue computed apart or inside the tiles, a write cache or not): the
+k-th tile size and categorical choice of the sketch take the donor's k-th, refitted. The
+donor's own structure is often the one that loses: undertuned donors computed their
+epilogue apart, and moved into the sketch that fuses it the same tiles ran 2.4-3.6x
+faster (mobilenet_v2's 112x112 expansion convolution, donors of its own, 2026-11-26). A transfer
 that TVM or a postprocessor rejects is no candidate; a transfer that fails to
 build or run is measured data like any other. The phase proposes; the loop
 measures and the storm starts from what was measured.
@@ -203,6 +209,58 @@ def transfer(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModule, 
         return None
 
 
+def _decisions(trace: Trace) -> tuple[list[list[int]], list[int]]:
+    """A trace's tile sizes and categorical choices, in order."""
+    tiles, cats = [], []
+    for inst in trace.insts:
+        decision = trace.decisions.get(inst)
+        if decision is None:
+            continue
+        if inst.kind.name == "SamplePerfectTile":
+            tiles.append([int(d) for d in decision])
+        elif inst.kind.name == "SampleCategorical":
+            cats.append(int(decision))
+    return tiles, cats
+
+
+def in_sketches(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModule, spaces: Sequence[Schedule],
+                postprocs: list) -> list[Schedule]:
+    """The donor's decisions in each of ``mod``'s sketches (``spaces``, its design spaces) whose tile
+    instructions line up with the donor's (as many, the same lengths): the k-th tile size (refitted)
+    and categorical choice of the sketch are the donor's k-th. Sketches that do not line up, or
+    that TVM or a postprocessor rejects, give nothing."""
+    try:
+        tiles, cats = _decisions(_tvm.schedule_from_trace_json(donor_mod, donor_trace_json).trace)
+    except Exception as err:  # noqa: BLE001 - a donor trace that no longer replays gives nothing
+        log.debug("donor trace does not replay: %s", one_line(err))
+        return []
+    out = []
+    for space in spaces:
+        own = [i for i in space.trace.insts if i.kind.name == "SamplePerfectTile"]
+        if len(own) != len(tiles) or any(len(space.trace.decisions[i]) != len(t) for i, t in zip(own, tiles)):
+            continue
+        sch, counts = Schedule(mod), {"SamplePerfectTile": 0, "SampleCategorical": 0}
+
+        def provide(inst, inputs, attrs, decision, sch=sch, counts=counts):
+            kind = inst.kind.name
+            if kind not in counts:
+                return decision
+            k = counts[kind]
+            counts[kind] += 1
+            if kind == "SamplePerfectTile":
+                return nearest_factorization(tiles[k], int(sch.get(inputs[0]).extent), int(attrs[1]))
+            return cats[k] if k < len(cats) and cats[k] < len(attrs[0]) else decision
+
+        try:
+            space.trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=provide)
+            sch.enter_postproc()
+            if all(p.apply(sch) for p in postprocs):
+                out.append(sch)
+        except Exception as err:  # noqa: BLE001 - a sketch these decisions do not fit gives nothing
+            log.debug("donor decisions do not fit a sketch: %s", one_line(err))
+    return out
+
+
 def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int | None = None,
            others: Sequence[Database] = (), per_donor: int = 1, order: str = "class"
            ) -> list[tuple[WorkloadEntry, list[str]]]:
@@ -258,17 +316,21 @@ def shape_distance(a: tvm.IRModule, b: tvm.IRModule) -> float:
 
 
 def transfers(db: Database, entry: WorkloadEntry, target_key: str, postprocs: list, limit: int = 8,
-              others: Sequence[Database] = (), per_donor: int = 1, order: str = "class") -> list[list[Candidate]]:
+              others: Sequence[Database] = (), per_donor: int = 1, order: str = "class",
+              spaces: Sequence[Schedule] = ()) -> list[list[Candidate]]:
     """Transferred schedules for ``entry`` from at most ``limit`` donors (``donors`` order), one
-    list per donor: its ``per_donor`` best records transferred, distinct, best first. A donor none
-    of whose schedules transfers gives its place to the next one."""
+    list per donor: its ``per_donor`` best records transferred, distinct, best first, then its best
+    record's decisions in each of ``spaces`` (``in_sketches``). A donor none of whose schedules
+    transfers gives its place to the next one."""
     groups, seen = [], set()
     for donor, traces in donors(db, entry, target_key, others=others, per_donor=per_donor, order=order):
         if len(groups) >= limit:
             break
         group = []
-        for trace_json in traces:
-            sch = transfer(donor.mod, trace_json, entry.mod, postprocs)
+        schedules = [transfer(donor.mod, t, entry.mod, postprocs) for t in traces]
+        if spaces:
+            schedules += in_sketches(donor.mod, traces[0], entry.mod, spaces, postprocs)
+        for sch in schedules:
             if sch is None:
                 continue
             cand = Candidate.from_schedule(sch, Phase.REUSE)
@@ -282,10 +344,14 @@ def transfers(db: Database, entry: WorkloadEntry, target_key: str, postprocs: li
 
 
 def chosen_transfers(groups: list[list[Candidate]], budget: int,
-                     rank: Callable[[list[Candidate]], list[float]] | None = None) -> list[Candidate]:
-    """The transfers to measure, as many as there are donors and at most ``budget``: each donor's best
-    in donor order; with ``rank`` (cost-model scores, higher is faster) and more than one donor, the
-    nearest donor's best, then every other transfer by score."""
+                     rank: Callable[[list[Candidate]], list[float]] | None = None,
+                     whole: bool = False) -> list[Candidate]:
+    """The transfers to measure, at most ``budget``: each donor's first in donor order (as many as there
+    are donors); ``whole``: each donor's whole group, nearest donor first, up to ``budget``; with
+    ``rank`` (cost-model scores, higher is faster) and more than one donor, the nearest donor's
+    first, then every other transfer by score (as many as there are donors)."""
+    if whole and rank is None:
+        return [c for g in groups for c in g][:budget]
     if rank is None or len(groups) < 2:
         return [g[0] for g in groups[:budget]]
     rest = [c for g in groups for c in g][1:]

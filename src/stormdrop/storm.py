@@ -63,6 +63,10 @@ class StormConfig:
     # operators, then shapes) or "shape" (the nearest shapes, then the relation: no better on the
     # same two pairs, 55% / 105% against 57% / 104%).
     donor_order: str = "class"
+    # Reuse also moves each donor's decisions into every sketch of the workload (reuse.in_sketches)
+    # and measures each donor's transfers together, nearest donor first, up to the reuse budget
+    # (False: one transfer a donor, the donor's own structure).
+    transfer_sketches: bool = True
 
 
 def make_context(mod: tvm.IRModule, target: Target, *, seed: int, strategy: object = "evolutionary",
@@ -152,8 +156,9 @@ class Storm:
         self._seen: set[str] = set()  # keys of candidates proposed or learnt
         self._learn(history)
         self._cold_ctx: ms.TuneContext | None = None
+        self._spaces: list | None = None
         if trials > 0:
-            spaces = self.ctx.generate_design_space()
+            spaces = self.design_spaces()
             # MetaSchedule counts a full batch per round even when the evolution finds fewer new
             # candidates (duplicates): with max_trials = trials the storm lost 2-4 of 32 trials.
             # ``remaining`` ends the storm; the slack allows four short rounds.
@@ -171,6 +176,12 @@ class Storm:
                                               threads=1)
                 self._cold_ctx.pre_tuning(max_trials=max(trials, pool), num_trials_per_iter=pool,
                                           design_spaces=spaces, database=self.database, cost_model=None)
+
+    def design_spaces(self) -> list:
+        """The workload's sketches (MetaSchedule's design spaces, random decisions), made once."""
+        if self._spaces is None:
+            self._spaces = list(self.ctx.generate_design_space())
+        return self._spaces
 
     @property
     def ranks(self) -> bool:
