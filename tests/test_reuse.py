@@ -78,7 +78,7 @@ def test_a_donor_that_does_not_transfer_gives_its_place_to_the_next(tmp_path):
     """With one donor allowed, the nearest (a dense labelled as a matmul: its trace names
     blocks a matmul lacks) fails to transfer; the next-nearest matmul takes its place (it
     used to leave the reuse phase empty)."""
-    from stormdrop.reuse import reuse_candidates
+    from stormdrop.reuse import transfers
     from stormdrop.target import canonical
 
     with Database(tmp_path / "d.db") as db:
@@ -87,7 +87,7 @@ def test_a_donor_that_does_not_transfer_gives_its_place_to_the_next(tmp_path):
         kernel = parse_kernel("matmul:M=48,N=80,K=64")
         entry = db.commit_workload(kernel.mod, name=kernel.name, op_class="matmul", flops=kernel.flops)
         postprocs = make_context(kernel.mod, host_target(), seed=0).space_generator.postprocs
-        cands = reuse_candidates(db, entry, canonical(host_target()), postprocs, limit=1)
+        cands = [g[0] for g in transfers(db, entry, canonical(host_target()), postprocs, limit=1)]
     assert len(cands) == 1 and cands[0].phase is Phase.REUSE
     rng = np.random.default_rng(0)
     args = [rng.standard_normal(shape).astype(dtype) for _, shape, dtype in kernel_args(kernel.mod)]
@@ -410,3 +410,22 @@ def test_a_donors_decisions_move_into_every_sketch_and_the_kernels_compute_right
         args = [rng.standard_normal(shape).astype(dtype) for _, shape, dtype in kernel_args(target)]
         np.testing.assert_allclose(_run(sch.mod, [a.copy() for a in args]), _run(target, [a.copy() for a in args]),
                                    rtol=1e-4, atol=1e-4)
+
+
+def test_transfers_stop_at_the_donor_that_fills_the_budget(tmp_path):
+    """With sketches each donor gives several transfers: once the groups hold ``enough``, no further
+    donor is replayed (each costs a replay and the postprocessors)."""
+    from stormdrop.reuse import transfers
+    from stormdrop.target import canonical
+
+    with Database(tmp_path / "d.db") as db:
+        _stored_best(db, parse_kernel("matmul:M=64,N=64,K=64"), "matmul")
+        _stored_best(db, parse_kernel("matmul:M=32,N=64,K=96"), "matmul")
+        kernel = parse_kernel("matmul:M=48,N=80,K=64")
+        entry = db.commit_workload(kernel.mod, name=kernel.name, op_class="matmul", flops=kernel.flops)
+        ctx = make_context(kernel.mod, host_target(), seed=0)
+        spaces, post = ctx.generate_design_space(), ctx.space_generator.postprocs
+        every = transfers(db, entry, canonical(host_target()), post, spaces=spaces)
+        first = transfers(db, entry, canonical(host_target()), post, spaces=spaces, enough=2)
+    assert len(every) == 2 and all(len(g) >= 2 for g in every)
+    assert len(first) == 1 and [c.key for c in first[0]] == [c.key for c in every[0]]

@@ -284,3 +284,36 @@ def test_a_tracker_gone_for_good_stops_the_run_with_one_line_and_keeps_every_rec
         recs = _records(tmp_path / "g.db")
         assert {x.candidate_key for x in seen} <= {x.candidate_key for x in recs} and len(recs) < 400
         assert [x.result.error for x in recs if not x.ok] == []
+
+
+def test_a_device_that_registers_mid_run_joins_it(tmp_path):
+    """One device at the start; a second server registers under the key once a few records are
+    committed: the gateway, asking the tracker between batches, starts a runner for it, and both
+    devices time candidates; every record is measured, none failed."""
+    import threading
+
+    for rpc, logs, _, procs in _cluster(tmp_path, KEY + "-join", 1):
+        late_log = tmp_path / "server_late.log"
+
+        def start_late(rpc=rpc, procs=procs, late_log=late_log):
+            deadline = time.monotonic() + 300
+            while len(_records(tmp_path / "j.db")) < 4 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            sport = _free_port()
+            with open(late_log, "wb") as log:
+                procs["late"] = subprocess.Popen(
+                    [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(sport),
+                     "--port-end", str(sport + 1), "--tracker", f"127.0.0.1:{rpc['port']}", "--key", rpc["key"]],
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+        t = threading.Thread(target=start_late, daemon=True)
+        t.start()
+        result = tune_kernel("matmul:M=32,N=32,K=32", trials=40, exploit_trials=0, db=tmp_path / "j.db", seed=0,
+                             measure=MeasureConfig(rpc={**rpc, "join_every_s": 1}))
+        t.join(timeout=5)
+        assert "late" in procs, "the second server was not started during the run"
+        assert result.tasks[0].verified
+        recs = _records(tmp_path / "j.db")
+        assert len(recs) == 40 and [r.result.error for r in recs if not r.ok] == []
+        assert late_log.read_text(errors="replace").count("load_module") > 0, "the late device timed nothing"
+        assert logs[0].read_text(errors="replace").count("load_module") > 0

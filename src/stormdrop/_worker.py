@@ -161,6 +161,9 @@ class _RunnerState:
 
         rpc = self.rpc
         tracker = tvm_rpc.connect_tracker(rpc["host"], int(rpc["port"]))
+        if rpc.get("join") and self.session is None and tracker.summary()["queue_info"].get(
+                rpc["key"], {}).get("free", 0) < 1:  # joining mid-run: never wait in the tracker's queue
+            raise RuntimeError(f"no free device under key {rpc['key']} any more")
         self.session = tracker.request(rpc["key"], priority=1, session_timeout=self.session_timeout)
         self.dev = self.session.device(self.kind)
         self.opened = time.monotonic()

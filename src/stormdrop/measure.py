@@ -159,10 +159,11 @@ class DeviceGone(MeasureError):
 class _Runner:
     """A runner worker and the workloads whose inputs and reference outputs it holds."""
 
-    def __init__(self, worker: _Worker) -> None:
+    def __init__(self, worker: _Worker, joined: bool = False) -> None:
         self.worker = worker
         self.references: set[str] = set()
         self.generation = 0
+        self.joined = joined  # a device that joined mid-run: one that fails its set-up is left out
 
     def ensure_reference(self, key: str, workload: tuple[str, int], run_timeout_s: float) -> None:
         self.worker.ensure()
@@ -172,25 +173,30 @@ class _Runner:
         if key in self.references:
             return
         status, value = self.worker.call("reference", (key, *workload), timeout=max(600.0, run_timeout_s))
-        if status == "lost":
-            raise DeviceGone(one_line(value))
+        if status == "lost" or (status != "ok" and self.joined and self.generation == 1 and not self.references):
+            raise DeviceGone(one_line(value))  # (a joined device taken by another meanwhile, say)
         if status != "ok":
             reason = one_line(value) if str(value).strip() else status
             raise MeasureError(f"cannot compute the reference output of {key}: {reason}")
         self.references.add(key)
 
 
-def _devices(rpc: dict, cap: int) -> int:
-    """How many runners to start: the devices free under the key now (the tracker's summary),
-    at most ``cap`` (0: no cap), at least one (whose set-up then reports any problem)."""
+def _free_devices(rpc: dict) -> int | None:
+    """The devices free under the key now (the tracker's summary); None if the tracker does not answer."""
     try:
         socket.create_connection((rpc["host"], int(rpc["port"])), timeout=5).close()
         from tvm import rpc as tvm_rpc
 
         info = tvm_rpc.connect_tracker(rpc["host"], int(rpc["port"])).summary().get("queue_info", {})
-        free = int(info.get(rpc["key"], {}).get("free", 1))
-    except Exception:  # noqa: BLE001 - the runner's own set-up says what is wrong
-        free = 1
+        return int(info.get(rpc["key"], {}).get("free", 0))
+    except Exception:  # noqa: BLE001 - the runners' own set-up and retries say what is wrong
+        return None
+
+
+def _devices(rpc: dict, cap: int) -> int:
+    """How many runners to start: the devices free under the key now, at most ``cap`` (0: no cap),
+    at least one (whose set-up then reports any problem)."""
+    free = _free_devices(rpc) or 1
     return max(1, min(free, cap) if cap > 0 else free)
 
 
@@ -205,6 +211,7 @@ class Gateway:
         self._builders = [_Worker("builder", tjson, None) for _ in range(max(1, n))]
         devices = 1 if self.config.rpc is None else _devices(self.config.rpc, self.config.rpc_devices)
         self._runners = [_Runner(_Worker("runner", tjson, self.config.rpc)) for _ in range(devices)]
+        self._looked = time.monotonic()  # when the tracker was last asked for free devices
         self._workdir = tempfile.mkdtemp(prefix="stormdrop-")
         self._workloads: dict[str, tuple[str, int]] = {}
         self._counter = 0
@@ -226,6 +233,7 @@ class Gateway:
         loses only the candidates still in flight, not the whole batch.
         """
         t0 = time.monotonic()
+        self._join_free_devices()  # before the builds: a new runner starts up meanwhile
         built = self._build_all(mods, on_result)
         t1 = time.monotonic()
         self.stats["build_s"] += t1 - t0
@@ -243,6 +251,24 @@ class Gateway:
             self.stats["run_s"] += time.monotonic() - t1
             self.stats["measured"] += sum(r is not None for r in results)
         return results  # type: ignore[return-value]
+
+    def _join_free_devices(self) -> None:
+        """RPC: devices free under the key since the last look (a server started, or back) join the
+        run, one runner each, up to ``rpc_devices``; the tracker is asked at most every
+        ``rpc["join_every_s"]`` seconds (default 60)."""
+        rpc, cap = self.config.rpc, self.config.rpc_devices
+        if rpc is None or time.monotonic() - self._looked < float(rpc.get("join_every_s", 60)):
+            return
+        self._looked = time.monotonic()
+        room = _free_devices(rpc) or 0
+        if cap > 0:
+            room = min(room, cap - len(self._runners))
+        for _ in range(max(0, room)):
+            runner = _Runner(_Worker("runner", canonical(self.target), {**rpc, "join": True}), joined=True)
+            runner.worker.start()
+            self._runners.append(runner)
+        if room > 0:
+            log.info("%d more RPC device(s) under %s joined: %d timing", room, rpc["key"], len(self._runners))
 
     def candidate_s(self) -> tuple[float, float]:
         """Wall seconds to build, and to run, one candidate measured alone, from what this gateway

@@ -317,14 +317,15 @@ def shape_distance(a: tvm.IRModule, b: tvm.IRModule) -> float:
 
 def transfers(db: Database, entry: WorkloadEntry, target_key: str, postprocs: list, limit: int = 8,
               others: Sequence[Database] = (), per_donor: int = 1, order: str = "class",
-              spaces: Sequence[Schedule] = ()) -> list[list[Candidate]]:
+              spaces: Sequence[Schedule] = (), enough: int = 0) -> list[list[Candidate]]:
     """Transferred schedules for ``entry`` from at most ``limit`` donors (``donors`` order), one
     list per donor: its ``per_donor`` best records transferred, distinct, best first, then its best
     record's decisions in each of ``spaces`` (``in_sketches``). A donor none of whose schedules
-    transfers gives its place to the next one."""
+    transfers gives its place to the next one. ``enough`` > 0: no more donors once the groups hold
+    that many (each transfer costs a replay and the postprocessors)."""
     groups, seen = [], set()
     for donor, traces in donors(db, entry, target_key, others=others, per_donor=per_donor, order=order):
-        if len(groups) >= limit:
+        if len(groups) >= limit or (enough and sum(map(len, groups)) >= enough):
             break
         group = []
         schedules = [transfer(donor.mod, t, entry.mod, postprocs) for t in traces]
@@ -358,13 +359,6 @@ def chosen_transfers(groups: list[list[Candidate]], budget: int,
     scores = rank(rest)
     ranked = sorted(range(len(rest)), key=lambda i: -scores[i])
     return [groups[0][0], *(rest[i] for i in ranked)][:min(budget, len(groups))]
-
-
-def reuse_candidates(db: Database, entry: WorkloadEntry, target_key: str, postprocs: list,
-                     limit: int = 8, others: Sequence[Database] = ()) -> list[Candidate]:
-    """Transferred schedules for ``entry``, one per donor (its best record), distinct, at most
-    ``limit``: a donor whose schedule does not transfer gives its place to the next-nearest one."""
-    return [g[0] for g in transfers(db, entry, target_key, postprocs, limit, others)]
 
 
 def open_donors(paths: Sequence[str | os.PathLike]) -> list[Database]:

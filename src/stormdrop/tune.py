@@ -328,7 +328,8 @@ class TaskTuner:
         groups = transfers(task.db, task.entry, task.target_key, self.storm.ctx.space_generator.postprocs,
                            limit=budget * pool, others=self.donor_dbs, per_donor=2 if pool > 1 else 1,
                            order=self.storm_config.donor_order,
-                           spaces=self.storm.design_spaces() if sketches else ())
+                           spaces=self.storm.design_spaces() if sketches else (),
+                           enough=budget if sketches and pool == 1 else 0)
         if not groups:
             return False
         rank = partial(self.storm.predict, learn=False) if pool > 1 else None
