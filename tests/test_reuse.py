@@ -427,5 +427,8 @@ def test_transfers_stop_at_the_donor_that_fills_the_budget(tmp_path):
         spaces, post = ctx.generate_design_space(), ctx.space_generator.postprocs
         every = transfers(db, entry, canonical(host_target()), post, spaces=spaces)
         first = transfers(db, entry, canonical(host_target()), post, spaces=spaces, enough=2)
+        # sketch_donors=1: the nearest donor in every sketch, the next one as it transfers
+        mixed = transfers(db, entry, canonical(host_target()), post, spaces=spaces, sketch_donors=1)
     assert len(every) == 2 and all(len(g) >= 2 for g in every)
     assert len(first) == 1 and [c.key for c in first[0]] == [c.key for c in every[0]]
+    assert [len(g) for g in mixed] == [len(every[0]), 1] and mixed[1][0].key == every[1][0].key

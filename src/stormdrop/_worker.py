@@ -13,6 +13,8 @@ import os
 import traceback
 from typing import Any
 
+from .tracker import free_devices
+
 
 def serve(conn: Any, role: str, target_json: str, rpc: dict | None) -> None:
     """Worker main loop (entry point of the child process)."""
@@ -161,8 +163,8 @@ class _RunnerState:
 
         rpc = self.rpc
         tracker = tvm_rpc.connect_tracker(rpc["host"], int(rpc["port"]))
-        if rpc.get("join") and self.session is None and tracker.summary()["queue_info"].get(
-                rpc["key"], {}).get("free", 0) < 1:  # joining mid-run: never wait in the tracker's queue
+        if rpc.get("join") and self.session is None and not free_devices(rpc):
+            # joining mid-run: never wait in the tracker's queue
             raise RuntimeError(f"no free device under key {rpc['key']} any more")
         self.session = tracker.request(rpc["key"], priority=1, session_timeout=self.session_timeout)
         self.dev = self.session.device(self.kind)
@@ -185,7 +187,6 @@ class _RunnerState:
         import gc
         import time
 
-        from tvm import rpc as tvm_rpc
 
         self.session = self.dev = None  # the old session closes, its device goes back to the tracker
         gc.collect()
@@ -198,8 +199,7 @@ class _RunnerState:
                 if not self._tracker_answers():
                     raise RuntimeError(f"the RPC tracker at {address} does not answer")
                 # a request for a busy key waits until a device is free: ask only when one is
-                queue = tvm_rpc.connect_tracker(self.rpc["host"], int(self.rpc["port"])).summary()["queue_info"]
-                if queue.get(self.rpc["key"], {}).get("free", 0) < 1:
+                if not free_devices(self.rpc):
                     raise RuntimeError(f"no free device under key {self.rpc['key']} at {address}")
                 self._connect()
                 return

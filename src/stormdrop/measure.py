@@ -38,6 +38,7 @@ from .errors import MeasureError, one_line
 from .records import ErrorKind, MeasureResult
 from .target import canonical, physical_cores
 from .timing_lock import timing
+from .tracker import devices_to_start, free_devices
 
 log = logging.getLogger("stormdrop")
 
@@ -181,25 +182,6 @@ class _Runner:
         self.references.add(key)
 
 
-def _free_devices(rpc: dict) -> int | None:
-    """The devices free under the key now (the tracker's summary); None if the tracker does not answer."""
-    try:
-        socket.create_connection((rpc["host"], int(rpc["port"])), timeout=5).close()
-        from tvm import rpc as tvm_rpc
-
-        info = tvm_rpc.connect_tracker(rpc["host"], int(rpc["port"])).summary().get("queue_info", {})
-        return int(info.get(rpc["key"], {}).get("free", 0))
-    except Exception:  # noqa: BLE001 - the runners' own set-up and retries say what is wrong
-        return None
-
-
-def _devices(rpc: dict, cap: int) -> int:
-    """How many runners to start: the devices free under the key now, at most ``cap`` (0: no cap),
-    at least one (whose set-up then reports any problem)."""
-    free = _free_devices(rpc) or 1
-    return max(1, min(free, cap) if cap > 0 else free)
-
-
 class Gateway:
     """Builds and runs candidates for one target; see the module docstring."""
 
@@ -209,7 +191,7 @@ class Gateway:
         tjson = canonical(target)
         n = self.config.builders or physical_cores()
         self._builders = [_Worker("builder", tjson, None) for _ in range(max(1, n))]
-        devices = 1 if self.config.rpc is None else _devices(self.config.rpc, self.config.rpc_devices)
+        devices = 1 if self.config.rpc is None else devices_to_start(self.config.rpc, self.config.rpc_devices)
         self._runners = [_Runner(_Worker("runner", tjson, self.config.rpc)) for _ in range(devices)]
         self._looked = time.monotonic()  # when the tracker was last asked for free devices
         self._workdir = tempfile.mkdtemp(prefix="stormdrop-")
@@ -260,7 +242,7 @@ class Gateway:
         if rpc is None or time.monotonic() - self._looked < float(rpc.get("join_every_s", 60)):
             return
         self._looked = time.monotonic()
-        room = _free_devices(rpc) or 0
+        room = free_devices(rpc) or 0
         if cap > 0:
             room = min(room, cap - len(self._runners))
         for _ in range(max(0, room)):

@@ -317,19 +317,20 @@ def shape_distance(a: tvm.IRModule, b: tvm.IRModule) -> float:
 
 def transfers(db: Database, entry: WorkloadEntry, target_key: str, postprocs: list, limit: int = 8,
               others: Sequence[Database] = (), per_donor: int = 1, order: str = "class",
-              spaces: Sequence[Schedule] = (), enough: int = 0) -> list[list[Candidate]]:
+              spaces: Sequence[Schedule] = (), enough: int = 0, sketch_donors: int = 0) -> list[list[Candidate]]:
     """Transferred schedules for ``entry`` from at most ``limit`` donors (``donors`` order), one
     list per donor: its ``per_donor`` best records transferred, distinct, best first, then its best
     record's decisions in each of ``spaces`` (``in_sketches``). A donor none of whose schedules
     transfers gives its place to the next one. ``enough`` > 0: no more donors once the groups hold
-    that many (each transfer costs a replay and the postprocessors)."""
+    that many (each transfer costs a replay and the postprocessors). ``sketch_donors`` > 0: only the
+    first that many donors' decisions go into ``spaces``."""
     groups, seen = [], set()
     for donor, traces in donors(db, entry, target_key, others=others, per_donor=per_donor, order=order):
         if len(groups) >= limit or (enough and sum(map(len, groups)) >= enough):
             break
         group = []
         schedules = [transfer(donor.mod, t, entry.mod, postprocs) for t in traces]
-        if spaces:
+        if spaces and (not sketch_donors or len(groups) < sketch_donors):
             schedules += in_sketches(donor.mod, traces[0], entry.mod, spaces, postprocs)
         for sch in schedules:
             if sch is None:

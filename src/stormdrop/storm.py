@@ -67,6 +67,11 @@ class StormConfig:
     # and measures each donor's transfers together, nearest donor first, up to the reuse budget
     # (False: one transfer a donor, the donor's own structure).
     transfer_sketches: bool = True
+    # With transfer_sketches: only the nearest k donors are moved into the sketches, the others
+    # give their best as it transfers (0: every donor). On the pairs so far the sketches won where
+    # the donors' structure was wrong (mobilenet_v2) and cost donor variety where near-exact
+    # donors existed (the ResNets); k = 1 keeps both (not measured yet).
+    sketch_donors: int = 0
 
 
 def make_context(mod: tvm.IRModule, target: Target, *, seed: int, strategy: object = "evolutionary",

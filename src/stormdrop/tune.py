@@ -324,12 +324,11 @@ class TaskTuner:
             return False
         task = self.task
         pool = max(1, self.storm_config.transfer_pool) if self.storm.ranks else 1
-        sketches = self.storm_config.transfer_sketches
+        cfg, sketches = self.storm_config, self.storm_config.transfer_sketches
         groups = transfers(task.db, task.entry, task.target_key, self.storm.ctx.space_generator.postprocs,
                            limit=budget * pool, others=self.donor_dbs, per_donor=2 if pool > 1 else 1,
-                           order=self.storm_config.donor_order,
-                           spaces=self.storm.design_spaces() if sketches else (),
-                           enough=budget if sketches and pool == 1 else 0)
+                           order=cfg.donor_order, spaces=self.storm.design_spaces() if sketches else (),
+                           enough=budget if sketches and pool == 1 else 0, sketch_donors=cfg.sketch_donors)
         if not groups:
             return False
         rank = partial(self.storm.predict, learn=False) if pool > 1 else None
