@@ -296,11 +296,8 @@ def main(argv: list[str] | None = None) -> int:
 
         for n, k in zip(args.names, kernels):
             mod = k.mod
-            if target.kind.name == "cuda":  # an unscheduled kernel has no GPU threads: dlight's default
-                from tvm.s_tir import dlight as dl
-
-                with target:
-                    mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.Fallback())(mod)
+            if target.kind.name == "cuda":  # an unscheduled kernel has no GPU threads
+                mod = _tvm.gpu_default_schedule(mod, target)
             tvm.compile(mod, target=target)
             print(f"  {n}: {k.name} ({k.op_class}, {k.flops / 1e9:.3f} GFLOP) builds", flush=True)
         return 0

@@ -59,12 +59,7 @@ def test_a_kernel_killed_in_its_raindrop_resumes_it_and_measures_nothing_twice(t
     before = _rows(db)
     phases = [p for _, p in _phases(db)]
     assert phases.count("storm") == 8 and 2 <= phases.count("raindrop") < 24, phases
-    out = tmp_path / "r.json"
-    result = _stormdrop(*args, "--json", str(out))
-    assert result.returncode == 0, result.stderr
-    after = _rows(db)
-    assert after[: len(before)] == before, "records committed before the kill changed"
-    trials = json.loads(out.read_text())["tasks"][0]["trials"]
+    after, trials = _rerun(args, db, tmp_path / "r.json", before)
     assert trials["storm"] == 0 and trials["raindrop"] == len(after) - len(before)
     phases = [p for _, p in _phases(db)]
     assert phases.count("storm") == 8 and phases.count("raindrop") <= 24
@@ -108,17 +103,22 @@ def test_a_kernel_killed_in_its_reuse_phase_resumes_it_and_measures_nothing_twic
     before = _rows(db)
     phases = [p for _, p in _phases(db)]
     assert 2 <= phases.count("reuse") < ref.count("reuse") and "storm" not in phases, phases
-    out = tmp_path / "u.json"
-    result = _stormdrop(*args, "--json", str(out))
-    assert result.returncode == 0, result.stderr
-    after = _rows(db)
-    assert after[: len(before)] == before, "records committed before the kill changed"
-    trials = json.loads(out.read_text())["tasks"][0]["trials"]
+    after, trials = _rerun(args, db, tmp_path / "u.json", before)
     phases = [p for _, p in _phases(db)]
     assert sorted(phases) == sorted(ref)  # as many transfers and storm candidates as uninterrupted
     assert trials["reuse"] == ref.count("reuse") - len(before) and trials["storm"] == ref.count("storm")
     keys = [k for k, _ in _phases(db)]
     assert len(keys) == len(set(keys)), "a schedule was measured twice"
+
+
+def _rerun(args, db, out, before):
+    """The killed command run again to the end: it succeeds and leaves every record committed before
+    the kill as it was; returns the records after it and its --json trial counts."""
+    result = _stormdrop(*args, "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    after = _rows(db)
+    assert after[: len(before)] == before, "records committed before the kill changed"
+    return after, json.loads(out.read_text())["tasks"][0]["trials"]
 
 
 def _kill_once(args, db, phase: str, n: int) -> None:

@@ -377,3 +377,13 @@ def cubin_sm(cubin: bytes) -> int:
     flags = struct.unpack_from("<I", cubin, 48)[0]
     # CUDA 13's cubins keep the SM in bits 8-15 (e.g. 0x6005a04 for sm_90); older ones in bits 0-7
     return (flags >> 8) & 0xFF if flags >> 24 else flags & 0xFF
+
+
+def gpu_default_schedule(mod: tvm.IRModule, target: Any) -> tvm.IRModule:
+    """``mod`` with dlight's default GPU schedules (an unscheduled kernel binds no GPU threads): the
+    reference build of a CUDA workload."""
+    from tvm.s_tir import dlight as dl
+
+    with target:
+        return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                       dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)

@@ -253,11 +253,9 @@ class _RunnerState:
                 arr = rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
             arrays.append(arr)
         if self.target.kind.name == "cuda":
-            from tvm.s_tir import dlight as dl
+            from ._tvm import gpu_default_schedule
 
-            with self.target:
-                mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
-                                              dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
+            mod = gpu_default_schedule(mod, self.target)
         rt_mod = tvm.build(mod, target=self.target)
         if self.session is not None:  # the reference runs where the candidates run
             import tempfile
