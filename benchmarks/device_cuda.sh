@@ -8,7 +8,7 @@
 #   .gpu2/*.whl                   cp312 wheels of apache-tvm-ffi==0.1.14.post1, xgboost-cpu, platformdirs
 # (both folders listed in .git/info/exclude). Call 1: `bash benchmarks/device_cuda.sh stage`
 # carrying .gpu1; call 2, on the still-warm machine: `bash benchmarks/device_cuda.sh run`
-# carrying .gpu2. The run installs into /tmp/site, checks the GPU, runs tests/test_cuda.py
+# carrying .gpu2 (env: PYTEST_ARGS, BENCH_S, KERNELS, TRIALS, EXPLOIT, SEEDS, BENCH_ARGS). The run installs into /tmp/site, checks the GPU, runs tests/test_cuda.py
 # (the GPU test included) and benchmarks/bench_kernels.py --target cuda; logs and JSON go to $OUT.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -20,6 +20,8 @@ if [ "$step" = stage ]; then
     cp .gpu1/libtvm_compiler.so.xz /tmp/stage/ && ls -la /tmp/stage
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
     python3 -c "from cuda.bindings import nvrtc; print('nvrtc', nvrtc.nvrtcVersion())"
+    python3 -c "import nvidia, os; [print(p, sorted(os.listdir(p))) for p in nvidia.__path__]"
+    ls -d /usr/local/cuda* 2>&1; command -v nvcc
     exit 0
 fi
 
@@ -37,10 +39,16 @@ import tvm
 dev = tvm.cuda(0)
 print("tvm", tvm.__version__, "cuda runtime", tvm.runtime.enabled("cuda"), "GPU", dev.exist,
       dev.device_name, dev.compute_version, dev.multi_processor_count, "SMs")
+from stormdrop import _tvm
+print("CUDA roots", _tvm._cuda_roots())
+try:
+    print("NVRTC headers", _tvm.cuda_headers())
+except RuntimeError as err:
+    print(err)
 EOF
 timeout -s INT 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py -rs ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/test_cuda.log"
 echo "tests done at $(( $(date +%s) - t0 )) s"
 timeout -s INT "${BENCH_S:-330}" python3 benchmarks/bench_kernels.py --target cuda \
     --kernels "${KERNELS:-mm1024,r50_c2_b8}" --trials "${TRIALS:-64}" --exploit-trials "${EXPLOIT:-32}" \
-    --skip-3x --no-postopt --json "$OUT/results_kernels_h100.json" --out "$OUT/RESULTS_h100.md" 2>&1 | tee "$OUT/bench.log"
+    --seeds "${SEEDS:-0}" ${BENCH_ARGS:---skip-3x --no-postopt} --json "$OUT/results_kernels_cuda.json" --out "$OUT/RESULTS_cuda.md" 2>&1 | tee "$OUT/bench.log"
 echo "done at $(( $(date +%s) - t0 )) s"

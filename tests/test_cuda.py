@@ -4,6 +4,8 @@ replay, and a model's tasks extract for CUDA. Timing them needs a GPU (here or b
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import tvm
 from test_model import tiny_net
@@ -67,6 +69,26 @@ class _Library:
 def test_a_cuda_kernel_that_does_not_compile_fails_its_build_on_the_host():
     with pytest.raises(RuntimeError, match="undefined_name"):
         _worker._check_cuda(_Library(), parse_target({"kind": "cuda", "arch": "sm_90"}))
+
+
+def test_headers_nvrtc_cannot_compile_with_are_passed_over(tmp_path, monkeypatch):
+    # e.g. a GPU machine's torch install: CUDA runtime headers without the cccl folder they need
+    good_root = _tvm.cuda_headers()[0]
+    bare = tmp_path / "cuda" / "include"
+    bare.mkdir(parents=True)
+    for f in (os.path.join(good_root, "include", n) for n in os.listdir(os.path.join(good_root, "include"))):
+        if os.path.isfile(f):
+            (bare / os.path.basename(f)).symlink_to(f)
+    _tvm.cuda_headers.cache_clear()
+    try:
+        monkeypatch.setattr(_tvm, "_cuda_roots", lambda: [str(bare.parent), good_root])
+        assert _tvm.cuda_headers()[0] == good_root
+        _tvm.cuda_headers.cache_clear()
+        monkeypatch.setattr(_tvm, "_cuda_roots", lambda: [str(bare.parent)])
+        with pytest.raises(RuntimeError, match="(?s)no CUDA headers NVRTC compiles with.*cuda/std"):
+            _tvm.cuda_headers()
+    finally:
+        _tvm.cuda_headers.cache_clear()
 
 
 def test_a_models_tasks_extract_for_cuda_without_cpu_weight_packing(tmp_path):

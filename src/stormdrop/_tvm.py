@@ -65,6 +65,7 @@ import math
 import os
 import platform
 import re
+import shutil
 import sys
 import types
 from typing import Any
@@ -336,26 +337,45 @@ def runner_memory_limit_mb() -> float:
 CUDA_EM_MACHINE = 190  # ELF e_machine of NVIDIA's cubins
 
 
-def cuda_headers() -> tuple[str, list[str]]:
-    """(CUDA root holding include/cuda_runtime.h, extra include folders) for NVRTC: the `cuda`
-    extra's pip packages first (nvidia/cu13, versions pinned with its NVRTC), else a toolkit."""
+_NVRTC_PROBE = ('#include <cuda/std/cstdint>\n#include <cuda_fp16.h>\n'
+                 'extern "C" __global__ void probe(half* x) { x[0] = __float2half(1.0f); }\n')
+
+
+def _cuda_roots() -> list[str]:
+    """Folders that may hold include/cuda_runtime.h: the `cuda` extra's pip packages (nvidia/cu13,
+    versions pinned with its NVRTC) first, then CUDA_PATH, /usr/local/cuda and nvcc's toolkit."""
+    roots = []
     spec = importlib.util.find_spec("nvidia")
     for base in (spec.submodule_search_locations or []) if spec else []:
-        for root in sorted(os.path.join(base, n) for n in os.listdir(base) if re.fullmatch(r"cu\d+", n)):
-            if os.path.isfile(os.path.join(root, "include", "cuda_runtime.h")):
-                cccl = os.path.join(root, "include", "cccl")
-                return root, [cccl] if os.path.isdir(cccl) else []
-    for root in (os.environ.get("CUDA_PATH", ""), "/usr/local/cuda"):
-        if root and os.path.isfile(os.path.join(root, "include", "cuda_runtime.h")):
-            return root, []
-    raise RuntimeError("no CUDA headers for NVRTC: pip install 'stormdrop[cuda]', or set CUDA_PATH to a toolkit")
+        roots += sorted(os.path.join(base, n) for n in os.listdir(base) if re.fullmatch(r"cu\d+|cuda_runtime", n))
+    nvcc_bin = shutil.which("nvcc")
+    roots += [os.environ.get("CUDA_PATH", ""), "/usr/local/cuda",
+              os.path.dirname(os.path.dirname(nvcc_bin)) if nvcc_bin else ""]
+    return list(dict.fromkeys(r for r in roots if r and os.path.isfile(os.path.join(r, "include", "cuda_runtime.h"))))
 
 
-def cuda_cubin(source: str, arch: str) -> bytes:
-    """``source`` (a CUDA module's, from ``tvm.build``) compiled by NVRTC to a cubin for ``arch``."""
+@functools.cache
+def cuda_headers() -> tuple[str, tuple[str, ...]]:
+    """(CUDA root, extra include folders) with which this process's NVRTC compiles a kernel that
+    includes what TVM's CUDA code includes (cuda/std, cuda_fp16.h): the first of ``_cuda_roots``
+    that does. A machine's headers may not suit its NVRTC (CUDA 13 headers need 13's NVRTC and the
+    cccl folder; a torch install may bring runtime headers without cccl), so each is tried once.
+    RuntimeError, with every root's reason, when none compiles."""
+    tried = []
+    for root in _cuda_roots():
+        includes = tuple(p for p in (os.path.join(root, "include", "cccl"),) if os.path.isdir(p))
+        try:
+            _nvrtc_cubin(_NVRTC_PROBE, "sm_80", root, includes)
+            return root, includes
+        except Exception as err:  # noqa: BLE001 - NVRTC's errors are RuntimeErrors, a broken install anything
+            tried.append(f"{root}: {str(err).strip()[-300:]}")
+    raise RuntimeError("no CUDA headers NVRTC compiles with (pip install 'stormdrop[cuda]', or set CUDA_PATH "
+                       "to a toolkit)" + (": " + " | ".join(tried) if tried else ""))
+
+
+def _nvrtc_cubin(source: str, arch: str, root: str, includes: tuple[str, ...]) -> bytes:
     from tvm.support import nvcc
 
-    root, includes = cuda_headers()
     before = os.environ.get("CUDA_PATH")
     os.environ["CUDA_PATH"] = root  # where compile_cuda looks for include/ (see the module's notes)
     try:
@@ -366,6 +386,11 @@ def cuda_cubin(source: str, arch: str) -> bytes:
             del os.environ["CUDA_PATH"]
         else:
             os.environ["CUDA_PATH"] = before
+
+
+def cuda_cubin(source: str, arch: str) -> bytes:
+    """``source`` (a CUDA module's, from ``tvm.build``) compiled by NVRTC to a cubin for ``arch``."""
+    return _nvrtc_cubin(source, arch, *cuda_headers())
 
 
 def cubin_sm(cubin: bytes) -> int:
