@@ -185,6 +185,40 @@ def test_a_model_tuned_through_the_tracker_is_timed_on_the_device(tmp_path, one_
     assert len(re.findall(r"load_module \S*model_", log.read_text(errors="replace"))) >= 2  # untuned, tuned
 
 
+def test_a_models_remote_timings_outlive_the_rpc_session(tmp_path, one_device):
+    """A benchmark times a model on the device in rounds; the tracker ends sessions after 3 s here:
+    a sample after that opens a new session (the model uploaded again), and a session that died
+    early is replaced once after the failed request."""
+    import re
+
+    import tvm
+    from test_model import tiny_net
+
+    from stormdrop import model_run
+    from stormdrop.target import host_target
+    from stormdrop.workloads.models import load_model
+
+    rpc, (log,) = one_device
+    rpc = {**rpc, "session_timeout": 3}
+    model = load_model(tiny_net(str(tmp_path / "tiny.onnx")))
+    target = host_target()
+    ex = tvm.compile(model.mod, target=target)
+    inputs = model_run.random_inputs(model, 0)
+    loads = len(re.findall(r"load_module \S*model_", log.read_text(errors="replace")))
+    sample = model_run.model_timer(ex, inputs, target, rpc)
+    assert sample() > 0
+    time.sleep(3.5)  # the tracker's session is over
+    assert sample() > 0
+    key = (rpc["host"], int(rpc["port"]), rpc["key"])
+    time.sleep(3.5)
+    session, _ = model_run._SESSIONS[key]
+    model_run._SESSIONS[key] = (session, time.monotonic())  # looks fresh, is over: its request fails
+    outs, latency = model_run.run_model(ex, inputs, target, rpc=rpc)
+    assert latency > 0 and outs[0].shape == (1, 10)
+    assert len(re.findall(r"load_module \S*model_", log.read_text(errors="replace"))) - loads >= 3
+    model_run._SESSIONS.pop(key)
+
+
 def test_a_server_killed_mid_run_leaves_its_candidates_to_the_other(tmp_path):
     """Two devices; one server is killed once a few records are committed: its candidate in flight
     goes to the other device, the run finishes verified and stores no failure."""

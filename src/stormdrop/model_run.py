@@ -79,27 +79,58 @@ def compile_model(fused: tvm.IRModule, mdb: Any, target: Target) -> Any:
     return tvm.compile(apply_records(fused, mdb, target), target=target)
 
 
-_SESSIONS: dict[tuple, Any] = {}  # one RPC session per device key, kept for the process's model runs
+_SESSIONS: dict[tuple, tuple[Any, float]] = {}  # per device key: the process's RPC session, when opened
 
 
-def _remote(rpc: dict) -> Any:
+def _remote(rpc: dict, fresh: bool = False) -> Any:
+    """The process's RPC session to a device under ``rpc``'s key, for model runs: a new one when
+    ``fresh`` or when the tracker's session timeout is near (its last fifth, or last minute, as the
+    measurement runners renew theirs). The old session is closed first: its device goes back to
+    the tracker (with one device under the key, a request while holding it would wait forever)."""
+    import gc
+
     key = (rpc["host"], int(rpc["port"]), rpc["key"])
-    if key not in _SESSIONS:
-        from tvm import rpc as tvm_rpc
+    timeout = int(rpc.get("session_timeout", 600))
+    held = _SESSIONS.get(key)
+    if held is not None and not fresh and (not timeout or time.monotonic() - held[1] < timeout - min(60.0, timeout / 5)):
+        return held[0]
+    if _SESSIONS.pop(key, None) is not None:
+        held = None
+        gc.collect()
+    from tvm import rpc as tvm_rpc
 
-        tracker = tvm_rpc.connect_tracker(rpc["host"], int(rpc["port"]))
-        _SESSIONS[key] = tracker.request(rpc["key"], priority=1, session_timeout=int(rpc.get("session_timeout", 600)))
-    return _SESSIONS[key]
+    tracker = tvm_rpc.connect_tracker(rpc["host"], int(rpc["port"]))
+    _SESSIONS[key] = (tracker.request(rpc["key"], priority=1, session_timeout=timeout), time.monotonic())
+    return _SESSIONS[key][0]
 
 
-def _vm(ex: Any, inputs: dict[str, np.ndarray], target: Target, rpc: dict | None = None) -> tuple[Any, Any, list]:
-    """A Relax VM of the compiled model with its inputs: here, or on the RPC device ``rpc``."""
+def _on_remote(rpc: dict, ex: Any, inputs: dict[str, np.ndarray], target: Target,
+               use: Callable[[Any, Any, list], Any], state: dict | None = None) -> Any:
+    """``use(vm, dev, args)`` with the model loaded on the RPC device: on the live session (renewed
+    when due; the model uploaded again to a new one), tried once more on a new session after an
+    error. ``state`` keeps the loaded model between calls (a timer's samples)."""
+    state = {} if state is None else state
+    for attempt in (0, 1):
+        session = _remote(rpc, fresh=attempt == 1)
+        try:
+            if state.get("session") is not session:
+                state.clear()
+                state.update(session=session, loaded=_vm(ex, inputs, target, session=session))
+            return use(*state["loaded"])
+        except Exception:  # noqa: BLE001 - maybe the session, maybe the model: once more on a new session
+            state.clear()
+            if attempt:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _vm(ex: Any, inputs: dict[str, np.ndarray], target: Target, session: Any = None) -> tuple[Any, Any, list]:
+    """A Relax VM of the compiled model with its inputs: here, or on the RPC ``session``'s device."""
     kind = "cuda" if target.kind.name == "cuda" else "cpu"
-    if rpc:
+    if session is not None:
         import os
         import tempfile
 
-        session = _remote(rpc)
         with tempfile.TemporaryDirectory(prefix="stormdrop-model-") as tmp:
             path = os.path.join(tmp, f"model_{os.getpid()}_{id(ex)}.so")
             ex.export_library(path)
@@ -123,20 +154,33 @@ def _timer(vm: Any, dev: Any, args: list, remote: bool = False) -> Callable[[], 
     return sample
 
 
-def model_timer(ex: Any, inputs: dict[str, np.ndarray], target: Target, rpc: dict | None = None
-                ) -> Callable[[], float]:
+def model_timer(ex: Any, inputs: dict[str, np.ndarray], target: Target, rpc: dict | None = None,
+                state: dict | None = None) -> Callable[[], float]:
     """A function returning one latency sample (s) of the compiled model: the median of
-    5 means of >= 100 ms of back-to-back runs on the Relax VM (on the RPC device ``rpc``)."""
-    return _timer(*_vm(ex, inputs, target, rpc), remote=bool(rpc))
+    5 means of >= 100 ms of back-to-back runs on the Relax VM (on the RPC device ``rpc``, where a
+    long benchmark's samples outlive sessions: ``_on_remote``, whose ``state`` it may share)."""
+    if not rpc:
+        return _timer(*_vm(ex, inputs, target))
+    state = {} if state is None else state
+
+    def sample(vm: Any, dev: Any, args: list) -> float:
+        if "timer" not in state:  # (a new session clears the state: the model is loaded there again)
+            state["timer"] = _timer(vm, dev, args, remote=True)
+        return state["timer"]()
+
+    return lambda: _on_remote(rpc, ex, inputs, target, sample, state)
 
 
 def run_model(ex: Any, inputs: dict[str, np.ndarray], target: Target, *, time_it: bool = True,
               rpc: dict | None = None) -> tuple[list[np.ndarray], float | None]:
     """Outputs of the compiled model, and its median latency (s) when ``time_it`` (here, or on the
     RPC device ``rpc``)."""
-    vm, dev, args = _vm(ex, inputs, target, rpc)
-    outs = _outputs(vm, args)
-    return outs, (_timer(vm, dev, args, remote=bool(rpc))() if time_it else None)
+
+    def use(vm: Any, dev: Any, args: list) -> tuple[list[np.ndarray], float | None]:
+        outs = _outputs(vm, args)
+        return outs, (_timer(vm, dev, args, remote=bool(rpc))() if time_it else None)
+
+    return _on_remote(rpc, ex, inputs, target, use) if rpc else use(*_vm(ex, inputs, target))
 
 
 def _outputs(vm: Any, args: list) -> list[np.ndarray]:
@@ -268,9 +312,15 @@ def side_by_side(model: Model, ex: Any, inputs: dict[str, np.ndarray], target: T
     untuned_outs, untuned_s = None, None
     if untuned or model.onnx_model is None:
         untuned_outs, untuned_s = run_model(tvm.compile(model.mod, target=target), inputs, target, rpc=rpc)
-    vm, dev, args = _vm(ex, inputs, target, rpc)  # one upload and load of the tuned library (an RPC
-    outs = _outputs(vm, args)  # server that loaded the same file name twice shut the session down)
-    timers = {"tuned": _timer(vm, dev, args, remote=bool(rpc))}
+    # one upload and load of the tuned library for its outputs and timing (an RPC server that loaded
+    # the same file name twice in a session shut it down)
+    if rpc:
+        loaded: dict = {}
+        outs = _on_remote(rpc, ex, inputs, target, lambda vm, dev, args: _outputs(vm, args), loaded)
+        timers = {"tuned": model_timer(ex, inputs, target, rpc, loaded)}
+    else:
+        vm, dev, args = _vm(ex, inputs, target)
+        outs, timers = _outputs(vm, args), {"tuned": _timer(vm, dev, args)}
     ref, latency = untuned_outs, {"untuned": untuned_s, "onnxruntime": None}
     if model.onnx_model is not None:
         ref, timers["onnxruntime"] = onnxruntime_timer(model.onnx_model, inputs, num_cores(target))
