@@ -18,7 +18,11 @@ near 100% for anything tuned; it is in the JSON as ``*_gain_fraction``.)
 
 ``--b0 FIELD=VALUE,...`` adds (b0), reuse only with other StormConfig fields (an A/B of the
 reuse choice: ``--b0 transfer_pool=1`` is reuse without the prior's ranking); ``--config`` sets
-them for (b) and (c). ``--keep-tuned`` with the ``--db-dir`` of an earlier run keeps its donors
+them for (b) and (c). ``--c-share F`` gives (c) a time budget of F x (d)'s tuning time (the
+gradient scheduler then gives the costliest tasks more raindrop trials while time is left);
+``--c0 FIELD=VALUE,...`` adds (c0), (c) with other StormConfig fields (and ``reuse=N``,
+``share=F``). Tuning seconds are tune_model's: extraction, search, verification and the tuned
+model's compile (what ``--time-budget`` bounds), not the final timing beside ONNX Runtime. ``--keep-tuned`` with the ``--db-dir`` of an earlier run keeps its donors
 and (d) and tunes the reuse arms again (A/Bs of reuse at the cost of its arms alone).
 
 All tuning runs in this process; the timing then in a fresh one (the script re-executes itself
@@ -58,6 +62,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also (b0): reuse only with these StormConfig fields instead (an A/B of (b))")
     p.add_argument("--unranked", action="store_const", const="transfer_pool=1", dest="b0",
                    help="same as --b0 transfer_pool=1")
+    p.add_argument("--c-share", type=float, default=None, metavar="F",
+                   help="(c) under a time budget of F x (d)'s tuning time (the per-task cap then grows for the "
+                        "costliest tasks while time is left) instead of --raindrop-trials a task alone")
+    p.add_argument("--c0", default=None, metavar="FIELD=VALUE,...",
+                   help="also (c0): reuse + raindrop with these StormConfig fields, and reuse=N, share=F for its "
+                        "--reuse and --c-share (an A/B of (c))")
     p.add_argument("--keep-tuned", action="store_true",
                    help="with the --db-dir of an earlier run: keep its donor and (d) tunings (and their times, "
                         "from its tuning.json) and tune the reuse arms again")
@@ -86,10 +96,13 @@ def one_pair(donor: str, target_name: str, args: argparse.Namespace, target, db_
     from stormdrop.model_tune import tune_model
     from stormdrop.records import Phase
 
-    def tuned(model, db: str, **kw) -> float:
+    def tuned(model, db: str, **kw) -> tuple[float, float]:
+        """(tuning seconds as tune_model reports them: extraction, search, verification and the tuned
+        model's compile, what --time-budget bounds; wall seconds of the call, its final timing beside
+        ONNX Runtime included)."""
         t0 = time.monotonic()
-        tune_model(model, target=target, db=db, seed=args.seed, **kw)
-        return time.monotonic() - t0
+        result = tune_model(model, target=target, db=db, seed=args.seed, **kw)
+        return result.tuning_s, time.monotonic() - t0
 
     out = {"donor": donor, "target": target_name}
     kept = earlier(args, db_dir, donor, target_name)
@@ -97,28 +110,43 @@ def one_pair(donor: str, target_name: str, args: argparse.Namespace, target, db_
     if kept:
         out["donor_tuning_s"] = kept["donor_tuning_s"]
     else:
-        out["donor_tuning_s"] = tuned(load(donor, args), donor_db, trials=None, trials_per_task=args.trials_per_task,
-                                      time_budget=args.donor_budget or args.time_budget)
+        out["donor_tuning_s"], _ = tuned(load(donor, args), donor_db, trials=None,
+                                         trials_per_task=args.trials_per_task,
+                                         time_budget=args.donor_budget or args.time_budget)
     model = load(target_name, args)
     config = storm_config(args.config)
+
+    def with_reuse(phases, reuse: int, per_task: int, storm, share: float | None) -> dict:
+        # (share: a time budget, set once (d)'s tuning time is known)
+        return dict(phases=phases, reuse=reuse, reuse_from=[donor_db], trials=None, trials_per_task=per_task,
+                    storm=storm, share=share)
+
+    both = (Phase.REUSE, Phase.RAINDROP)
     runs = {
-        "reuse": dict(phases=(Phase.REUSE,), reuse=args.reuse, reuse_from=[donor_db], trials=None,
-                      trials_per_task=2 * args.reuse, storm=config),
-        "reuse_raindrop": dict(phases=(Phase.REUSE, Phase.RAINDROP), reuse=args.reuse, reuse_from=[donor_db],
-                               trials=None, trials_per_task=2 * args.raindrop_trials, storm=config),
         "scratch": dict(trials=None, trials_per_task=args.trials_per_task, time_budget=args.time_budget, reuse=0),
+        "reuse": with_reuse((Phase.REUSE,), args.reuse, 2 * args.reuse, config, None),
+        "reuse_raindrop": with_reuse(both, args.reuse, 2 * args.raindrop_trials, config, args.c_share),
     }
     if args.b0 is not None:
-        runs = {"reuse_unranked": {**runs["reuse"], "storm": storm_config(args.b0)}, **runs}
+        runs["reuse_unranked"] = {**runs["reuse"], "storm": storm_config(args.b0)}
+    if args.c0 is not None:
+        fields = dict(x.split("=", 1) for x in args.c0.split(",") if x.strip())
+        reuse, share = int(fields.pop("reuse", args.reuse)), fields.pop("share", args.c_share)
+        runs["reuse_raindrop0"] = with_reuse(both, reuse, 2 * args.raindrop_trials,
+                                             storm_config(",".join(f"{k}={v}" for k, v in fields.items())),
+                                             None if share is None else float(share))
     for key, kw in runs.items():
         path = os.path.join(db_dir, f"{target_name}_{key}.db")
         if kept and key == "scratch":
-            out[f"{key}_tuning_s"] = kept[f"{key}_tuning_s"]
+            out["scratch_tuning_s"] = kept.get("scratch_tuning_s")
             continue
         for suffix in ("", "-wal", "-shm"):  # a reuse arm of an earlier run is tuned again, from nothing
             if kept and os.path.exists(path + suffix):
                 os.remove(path + suffix)
-        out[f"{key}_tuning_s"] = tuned(model, path, **kw)
+        share = kw.pop("share", None)
+        if share:
+            kw["time_budget"] = share * out["scratch_tuning_s"]
+        out[f"{key}_tuning_s"], out[f"{key}_wall_s"] = tuned(model, path, **kw)
     return out
 
 
@@ -145,7 +173,13 @@ def earlier(args: argparse.Namespace, db_dir: str, donor: str, target_name: str)
     with open(path) as f:
         pairs = [p for p in json.load(f)["pairs"] if p["donor"] == donor and p["target"] == target_name]
     found = all(os.path.exists(os.path.join(db_dir, f)) for f in (f"{donor}.db", f"{target_name}_scratch.db"))
-    return pairs[0] if pairs and found else None
+    if not (pairs and found):
+        return None
+    from stormdrop.database import Database
+
+    with Database(os.path.join(db_dir, f"{target_name}_scratch.db")) as d:  # tune_model's own figure
+        note = d.model_notes().get(target_name, {})
+    return {**pairs[0], "scratch_tuning_s": note.get("tuning_s", pairs[0]["scratch_tuning_s"])}
 
 
 def timed(out: dict, args: argparse.Namespace, target, db_dir: str) -> dict:
@@ -166,7 +200,8 @@ def timed(out: dict, args: argparse.Namespace, target, db_dir: str) -> dict:
     inputs = random_inputs(model, args.seed)
     _, ort = onnxruntime_timer(model.onnx_model, inputs, num_cores(target))
     timers = {"untuned": model_timer(tvm.compile(model.mod, target=target), inputs, target), "onnxruntime": ort}
-    arms = [k for k in ("reuse_unranked", "reuse", "reuse_raindrop", "scratch") if f"{k}_tuning_s" in out]
+    arms = [k for k in ("reuse_unranked", "reuse", "reuse_raindrop", "reuse_raindrop0", "scratch")
+            if f"{k}_tuning_s" in out]
     for key in arms:
         with Database(os.path.join(db_dir, f"{out['target']}_{key}.db")) as d:
             ex, rows = tuned_build(model, d, target)
@@ -211,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.db_dir:
         raise SystemExit("--retime needs the --db-dir of the run it times again")
     with open(args.retime) as f:
-        tuned_pairs = [{k: v for k, v in r.items() if k in ("donor", "target") or k.endswith("tuning_s")}
+        tuned_pairs = [{k: v for k, v in r.items() if k in ("donor", "target") or k.endswith(("tuning_s", "wall_s"))}
                        for r in json.load(f)["pairs"]]
     command = " ".join(["benchmarks/bench_reuse.py", *sys.argv[1:]])
     results = []
@@ -229,27 +264,27 @@ def main(argv: list[str] | None = None) -> int:
     def pct(v):
         return f"{100 * v:.0f}%" if v is not None else "-"
 
-    header = ["donor -> target", "untuned", "(b) reuse", "s", "(c) reuse+raindrop", "s", "(d) scratch", "s",
-              "ONNX Runtime", "(b) of (d)'s speedup", "(c) of (d)'s speedup", "(b) time / (d)", "(c) time / (d)"]
-    if any("reuse_unranked_s" in r for r in results):
-        header[2:2] = [f"(b0) reuse, {args.b0}", "s"]
-        header[-4:-4] = ["(b0) of (d)'s speedup"]
-        header.append("(b0) time / (d)")
+    arms = [(k, label) for k, label in (("reuse_unranked", f"(b0) reuse, {args.b0}"), ("reuse", "(b) reuse"),
+                                        ("reuse_raindrop", "(c) reuse+raindrop"),
+                                        ("reuse_raindrop0", f"(c0) reuse+raindrop, {args.c0}"))
+            if any(f"{k}_s" in r for r in results)]
+    header = ["donor -> target", "untuned", *(x for _, label in arms for x in (label, "s")), "(d) scratch", "s",
+              "ONNX Runtime", *(f"{label.split()[0]} of (d)'s speedup" for _, label in arms),
+              *(f"{label.split()[0]} time / (d)" for _, label in arms)]
     rows = [[f"{r['donor']} -> {r['target']}", ms(r["untuned_s"]),
-             *([ms(r["reuse_unranked_s"]), f"{r['reuse_unranked_tuning_s']:.0f}"] if "reuse_unranked_s" in r else []),
-             ms(r["reuse_s"]), f"{r['reuse_tuning_s']:.0f}",
-             ms(r["reuse_raindrop_s"]), f"{r['reuse_raindrop_tuning_s']:.0f}", ms(r["scratch_s"]),
-             f"{r['scratch_tuning_s']:.0f}", ms(r["onnxruntime_s"]),
-             *([pct(r["reuse_unranked_fraction"])] if "reuse_unranked_s" in r else []), pct(r["reuse_fraction"]),
-             pct(r["reuse_raindrop_fraction"]), pct(r["reuse_time_share"]), pct(r["reuse_raindrop_time_share"]),
-             *([pct(r["reuse_unranked_time_share"])] if "reuse_unranked_s" in r else [])]
+             *(x for k, _ in arms for x in (ms(r.get(f"{k}_s")), f"{r.get(f'{k}_tuning_s', 0):.0f}")),
+             ms(r["scratch_s"]), f"{r['scratch_tuning_s']:.0f}", ms(r["onnxruntime_s"]),
+             *(pct(r.get(f"{k}_fraction")) for k, _ in arms), *(pct(r.get(f"{k}_time_share")) for k, _ in arms)]
             for r in results]
     lines = ["", f"## Reuse, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- machine: {machine()}; target: `{canonical(target)}`", f"- command: `{command}`",
              f"- donors tuned with --time-budget {args.donor_budget or args.time_budget:.0f} s, (d) with "
              f"{args.time_budget:.0f} s{' (kept from an earlier run: --keep-tuned)' if args.keep_tuned else ''}; "
              f"(b) up to {args.reuse} transfers{f' ({args.config})' if args.config else ''} "
-             f"a task; (c) the same, then up to {args.raindrop_trials} raindrop trials a task; latencies in ms, "
+             f"a task; (c) the same, then up to {args.raindrop_trials} raindrop trials a task"
+             f"{f' (the costliest tasks more) under a time budget of {args.c_share:g} x (d)' if args.c_share else ''}"
+             f"{f'; (c0) (c) with {args.c0}' if args.c0 else ''}; s: tuning seconds as tune_model reports them "
+             "(extraction, search, verification, the model's compile; not the final timing); latencies in ms, "
              f"median of {args.rounds} rounds in which all peers take turns, in a fresh process after the tuning "
              "(`--retime`); (x) of (d)'s speedup = (untuned / x) / (untuned / d) = d / x", "",
              "| " + " | ".join(header) + " |", "|" + " --- |" * len(header),
