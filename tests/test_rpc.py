@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -342,11 +343,15 @@ def test_a_device_that_registers_mid_run_joins_it(tmp_path):
 
         t = threading.Thread(target=start_late, daemon=True)
         t.start()
-        result = tune_kernel("matmul:M=32,N=32,K=32", trials=40, exploit_trials=0, db=tmp_path / "j.db", seed=0,
-                             measure=MeasureConfig(rpc={**rpc, "join_every_s": 1}))
+        from stormdrop.cli import main
+
+        code = main(["tune", "--kernel", "matmul:M=32,N=32,K=32", "--trials", "40", "--exploit-trials", "0",
+                     "--db", str(tmp_path / "j.db"), "--seed", "0", "--json", str(tmp_path / "j.json"),
+                     "--rpc-tracker", f"{rpc['host']}:{rpc['port']}", "--rpc-key", rpc["key"],
+                     "--rpc-join-every", "1", "--no-progress"])
         t.join(timeout=5)
         assert "late" in procs, "the second server was not started during the run"
-        assert result.tasks[0].verified
+        assert code == 0 and json.loads((tmp_path / "j.json").read_text())["tasks"][0]["verified"]
         recs = _records(tmp_path / "j.db")
         assert len(recs) == 40 and [r.result.error for r in recs if not r.ok] == []
         assert late_log.read_text(errors="replace").count("load_module") > 0, "the late device timed nothing"

@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "that device counts as lost (default 120)")
     t.add_argument("--rpc-session-timeout", type=_positive(float), default=600.0, metavar="SECONDS",
                    help="the session length asked of the tracker; a session is renewed before it ends (default 600)")
+    t.add_argument("--rpc-join-every", type=_positive(float), default=60.0, metavar="SECONDS",
+                   help="how often the tracker is asked for devices freed since the start, which then join "
+                        "(between batches; default 60)")
     t.add_argument("--no-progress", action="store_true")
     t.add_argument("--reuse", type=int, default=8, metavar="N",
                    help="first measure the best schedules of up to N same-class workloads in the database (0: off)")
@@ -230,7 +233,8 @@ def _rpc(args: argparse.Namespace) -> dict | None:
     if not host or not port.isdigit() or not args.rpc_key:
         raise SpecError("--rpc-tracker HOST:PORT and --rpc-key KEY go together")
     return {"host": host, "port": int(port), "key": args.rpc_key, "retry_s": getattr(args, "rpc_retry", 120.0),
-            "session_timeout": getattr(args, "rpc_session_timeout", 600.0)}
+            "session_timeout": getattr(args, "rpc_session_timeout", 600.0),
+            "join_every_s": getattr(args, "rpc_join_every", 60.0)}
 
 
 def _cmd_tune_model(args: argparse.Namespace) -> int:
