@@ -33,6 +33,20 @@ def publish(lines: list[str], out: str) -> None:
     print("\n".join(lines))
 
 
+def emit(lines: list[str], out: str | None = None, json_path: str | None = None, data: Any = None) -> None:
+    """Print a results section; append it to ``out`` (RESULTS.md) and write ``data`` as JSON to
+    ``json_path`` when they are given."""
+    import json
+
+    print("\n".join(lines))
+    if out:
+        with open(out, "a") as f:
+            f.write("\n" + "\n".join(lines) + "\n")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(data, f, indent=2)
+
+
 def machine() -> str:
     """CPU model name (lscpu, else platform.processor()) and core counts."""
     model = ""

@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 
+from _peers import emit
+
 KEY = "bench-rpc"
 
 
@@ -120,13 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += [f"| {r['servers']} | {r['runners']} | {r['candidates']} | {r['ok']} | {r['seconds']:.1f} | "
               f"{r['per_minute']:.1f} | {r['per_minute'] / base:.2f} | {r['run_seconds']:.1f} | "
               f"{r['timed_per_minute']:.1f} | {r['timed_per_minute'] / run_base:.2f} |" for r in rows]
-    print("\n".join(lines))
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write("\n" + "\n".join(lines) + "\n")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+    emit(lines, args.out, args.json, rows)
     return 0
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import random
 import signal
@@ -36,6 +35,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
+
+from _peers import emit
 
 KERNEL = ["--kernel", "matmul:M=64,N=64,K=64", "--trials", "24", "--exploit-trials", "16", "--batch-size", "4"]
 DONORS = ["matmul:M=32,N=32,K=32", "matmul:M=48,N=48,K=48", "matmul:M=96,N=96,K=96", "matmul:M=128,N=64,K=64"]
@@ -201,13 +202,7 @@ def main(argv: list[str] | None = None) -> None:
                      f"| {r['measured_twice']} "
                      f"| {'yes' if r['final_ok'] else 'NO'} | {r['records']} | {r['records_uninterrupted']} "
                      f"| {us(r['best_s'])} | {us(r['best_uninterrupted_s'])} |")
-    print("\n".join(lines))
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write("\n" + "\n".join(lines) + "\n")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    emit(lines, args.out, args.json, results)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import time
 from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _peers import emit  # noqa: E402
 from bench_rpc import _free_port, stop  # noqa: E402
 from faults import lost, rows  # noqa: E402
 
@@ -148,13 +149,7 @@ def main(argv: list[str] | None = None) -> int:
              "| --- | --- | --- | --- | --- | --- | --- |",
              f"| {code} | {wall / 60:.1f} | {n_records} | {row['lost']} | "
              f"{', '.join(f'{k} {v}' for k, v in sorted(kinds.items())) or 'none'} | {len(spurious)} | {model_ms} |"]
-    print("\n".join(lines))
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write("\n" + "\n".join(lines) + "\n")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(row, f, indent=2)
+    emit(lines, args.out, args.json, row)
     return 0 if code == 0 and not row["lost"] and not spurious else 1
 
 
