@@ -241,8 +241,9 @@ def test_a_server_killed_mid_run_leaves_its_candidates_to_the_other(tmp_path):
 
         t = threading.Thread(target=killer, args=(procs[1],), daemon=True)
         t.start()
+        # (the lost device's runner tries for a new session for retry_s: 10 s here, 120 by default)
         result = tune_kernel("matmul:M=32,N=32,K=32", trials=24, exploit_trials=0, db=tmp_path / "k.db", seed=0,
-                             measure=MeasureConfig(rpc=rpc))
+                             measure=MeasureConfig(rpc={**rpc, "retry_s": 10}))
         t.join(timeout=5)
         assert procs[1].poll() is not None, "the server was not killed during the run"
         assert result.tasks[0].verified

@@ -39,8 +39,8 @@
   memory behind when the library is unloaded: ~9 MB per BERT-base FFN candidate, so a
   runner process grew by ~1 GB a minute and a 30-minute BERT tune ran the machine out of
   memory (every build then timed out). The same library loaded once and called again does
-  not grow. ``runner_memory_limit_mb`` / ``process_rss_mb`` let the gateway recycle its
-  runner process when it has grown past a limit.
+  not grow. The gateway recycles its runner process when it has grown past a limit
+  (``memory.runner_memory_limit_mb``).
 - ``TuningRecord.from_json`` (and ``Trace.apply_json_to_schedule``) on a trace whose
   instructions use a random variable no earlier instruction defined (a truncated or edited
   file) crashes the process now and then (segmentation fault) instead of raising.
@@ -309,29 +309,6 @@ def combine_parallel_matmuls(mod: tvm.IRModule) -> tvm.IRModule:
                           for gv, f in mod.functions.items()}, attrs=mod.attrs)
     combined = relax.transform.CombineParallelMatmul()(bound)
     return relax.transform.CanonicalizeBindings()(relax.transform.FoldConstant()(combined))
-
-
-def process_rss_mb(pid: int) -> float:
-    """Resident memory of a local process in MB (Linux ``/proc``; 0 where it cannot be read)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0.0
-
-
-def runner_memory_limit_mb() -> float:
-    """How far a local runner process may grow (see the leak in the module docstring) before it is
-    restarted: a quarter of the machine's memory, between 1.5 and 4 GB (a fresh runner holding
-    TVM, the workloads' inputs and references takes under 1 GB)."""
-    try:
-        total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
-    except (ValueError, OSError, AttributeError):
-        total_mb = 16384.0
-    return max(1536.0, min(4096.0, total_mb / 4))
 
 
 CUDA_EM_MACHINE = 190  # ELF e_machine of NVIDIA's cubins

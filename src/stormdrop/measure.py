@@ -35,6 +35,7 @@ from tvm.target import Target
 
 from . import _tvm
 from .errors import MeasureError, one_line
+from .memory import process_rss_mb, runner_memory_limit_mb
 from .records import ErrorKind, MeasureResult
 from .target import canonical, physical_cores
 from .timing_lock import timing
@@ -62,7 +63,7 @@ class MeasureConfig:
     builders: int = 0  # 0: one per physical core
     rpc: dict | None = None  # {"host":..., "port":..., "key":...} to time on an RPC tracker's device
     rpc_devices: int = 0  # RPC: time on this many devices at once (0: every device free under the key)
-    runner_memory_mb: float = 0.0  # a local runner grown past this is restarted (0: _tvm.runner_memory_limit_mb)
+    runner_memory_mb: float = 0.0  # a local runner grown past this is restarted (0: memory.runner_memory_limit_mb)
 
     @property
     def device_timeout_s(self) -> float:
@@ -318,8 +319,8 @@ class Gateway:
         proc = runner.worker.proc
         if self.config.rpc is not None or proc is None:
             return
-        limit = self.config.runner_memory_mb or _tvm.runner_memory_limit_mb()
-        rss = _tvm.process_rss_mb(proc.pid)
+        limit = self.config.runner_memory_mb or runner_memory_limit_mb()
+        rss = process_rss_mb(proc.pid)
         if rss > limit:
             log.info("runner process at %.0f MB (limit %.0f MB): restarting it", rss, limit)
             runner.worker.stop()
