@@ -24,6 +24,7 @@ import datetime
 import json
 import os
 import re
+import shlex
 import sqlite3
 import subprocess
 import sys
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(row, indent=2))
     model_ms = f"{1e3 * result['latency_s']['tuned']:.2f}" if result.get("latency_s") else "-"
     lines = [f"## RPC, a long run with faults, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
-             f"- command: `benchmarks/rpc_long.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
+             f"- command: `benchmarks/rpc_long.py {shlex.join(argv if argv is not None else sys.argv[1:])}`",
              f"- `stormdrop tune {args.tune}` for {args.minutes:g} min through a loopback tracker and "
              f"{args.servers} servers on this machine (sessions end after {args.session_timeout} s); "
              f"faults: {'; '.join(events) or 'none'}", "",
