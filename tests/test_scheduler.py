@@ -144,3 +144,31 @@ def test_a_time_budget_covers_the_verification_and_compile_after_the_search(monk
     assert stopped == "the time budget"
     assert sum(driver.measured(s) for s in sessions) == 5 * 4  # steps started at 0, 10, 20, 30 and 40 s
     assert clock[0] + 3 * 5.0 <= 100.0  # verified and compiled by the deadline
+
+
+def test_a_time_budget_reaches_every_task_before_its_reserve_stops_the_search(monkeypatch):
+    # a fake clock: each step takes 10 s, and the gateway's estimate of a lone build + run is huge
+    # (60 s: as when a first batch's wall time counted the builders' start-up). The reserve for
+    # verifying and compiling afterwards then exceeds the whole budget; still every task gets its
+    # first round (a task never reached runs as a naive loop nest) before the search stops
+    from types import SimpleNamespace
+
+    from stormdrop import driver
+
+    clock = [0.0]
+    monkeypatch.setattr(driver.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(driver, "verify_best", lambda session: None)
+    gateway = SimpleNamespace(candidate_s=lambda: (30.0, 30.0))
+    sessions = [_Session(math.inf) for _ in range(5)]
+    for s in sessions:
+        s.gateway = gateway
+    tuners = [_Tuner(s) for s in sessions]
+    for t in tuners:
+        def timed(limit=None, step=t.step):
+            step(limit)
+            clock[0] += 10.0
+
+        t.step = timed
+    stopped = driver.drive(tuners, sessions, [1] * 5, driver.Budget(deadline=120.0, builds_after=5))
+    assert stopped == "the time budget"
+    assert [driver.measured(s) for s in sessions] == [4] * 5  # one round each, then the reserve stops it

@@ -10,6 +10,7 @@ Builder workers answer ``build``; runner workers answer ``reference`` and ``run`
 from __future__ import annotations
 
 import os
+import time
 import traceback
 from typing import Any
 
@@ -45,7 +46,8 @@ def serve(conn: Any, role: str, target_json: str, rpc: dict | None) -> None:
             continue
         try:
             if command == "build":
-                value = _build(target, *payload)
+                t0 = time.perf_counter()
+                value = {**_build(target, *payload), "build_s": time.perf_counter() - t0}  # this build's own time
             elif command == "reference" and state is not None:
                 value = state.reference(*payload)
             elif command == "run" and state is not None:
@@ -157,8 +159,6 @@ class _RunnerState:
         self.outputs: dict[str, list[int]] = {}
 
     def _connect(self) -> None:
-        import time
-
         from tvm import rpc as tvm_rpc
 
         rpc = self.rpc
@@ -185,8 +185,6 @@ class _RunnerState:
         seconds (default 120): a tracker restarted, or a device freed, in that time is used again.
         ``DeviceLost`` if the tracker or every device under the key stays unreachable."""
         import gc
-        import time
-
 
         self.session = self.dev = None  # the old session closes, its device goes back to the tracker
         gc.collect()
@@ -214,8 +212,6 @@ class _RunnerState:
 
     def _on_device(self, request: Any, *args: Any) -> Any:
         """``request(*args)`` on a live session: renewed when due, re-opened and retried once after an error."""
-        import time
-
         if self.session is None:
             return request(*args)
         if self.session_timeout and time.monotonic() - self.opened > self.session_timeout - min(

@@ -82,7 +82,14 @@ def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights:
     extended: dict[int, int] = {}
     steps: list[float] = []  # wall seconds of each step
     cap = budget.trials
-    while not (stopped_by := budget.spent(used, finishing_s(sessions, steps, budget.builds_after))):
+    def reserve_s() -> float:
+        # until every task has had its first round, only the deadline itself stops the search: a task
+        # never reached runs as a naive loop nest, often slower than the rest of the model together
+        if any(t.rounds == 0 and not t.finished for t in states):
+            return 0.0
+        return finishing_s(sessions, steps, budget.builds_after)
+
+    while not (stopped_by := budget.spent(used, reserve_s())):
         i = sched.next_task()
         if i is None and budget.extend:
             # the per-task cap is a default, not a reason to stop with time left: the
