@@ -82,6 +82,7 @@ def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights:
     extended: dict[int, int] = {}
     steps: list[float] = []  # wall seconds of each step
     cap = budget.trials
+
     def reserve_s() -> float:
         # until every task has had its first round, only the deadline itself stops the search: a task
         # never reached runs as a naive loop nest, often slower than the rest of the model together
