@@ -14,7 +14,7 @@ import time
 import traceback
 from typing import Any
 
-from .tracker import free_devices
+from .tracker import free_devices, knock, renewal_due
 
 
 def serve(conn: Any, role: str, target_json: str, rpc: dict | None) -> None:
@@ -144,10 +144,8 @@ class _RunnerState:
         self.session_timeout = int((rpc or {}).get("session_timeout", 600))
         self.opened = 0.0
         if rpc:
-            import socket
-
             try:  # fail in seconds, not after TVM's 60 s of silent retries
-                socket.create_connection((rpc["host"], int(rpc["port"])), timeout=10).close()
+                knock(rpc, timeout=10)
             except OSError as err:
                 raise RuntimeError(f"cannot reach the RPC tracker at {rpc['host']}:{rpc['port']}: "
                                    f"{err.strerror or err}") from None
@@ -172,10 +170,8 @@ class _RunnerState:
 
     def _tracker_answers(self) -> bool:
         """Whether the tracker's port accepts a connection (TVM's own connect retries silently for a minute)."""
-        import socket
-
         try:
-            socket.create_connection((self.rpc["host"], int(self.rpc["port"])), timeout=5).close()
+            knock(self.rpc)
             return True
         except OSError:
             return False
@@ -214,8 +210,7 @@ class _RunnerState:
         """``request(*args)`` on a live session: renewed when due, re-opened and retried once after an error."""
         if self.session is None:
             return request(*args)
-        if self.session_timeout and time.monotonic() - self.opened > self.session_timeout - min(
-                60.0, self.session_timeout / 5) and self._tracker_answers():
+        if renewal_due(self.opened, self.session_timeout) and self._tracker_answers():
             # (with the tracker gone, the session goes on as long as it lasts; then the retries below)
             self._reconnect("session about to expire")
         try:

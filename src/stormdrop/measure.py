@@ -198,7 +198,7 @@ class Gateway:
         self._workdir = tempfile.mkdtemp(prefix="stormdrop-")
         self._workloads: dict[str, tuple[str, int]] = {}
         self._counter = 0
-        self.stats = {"build_s": 0.0, "run_s": 0.0, "measured": 0, "runner_restarts": 0,
+        self.stats = {"run_s": 0.0, "measured": 0, "runner_restarts": 0,
                       "built": 0, "builder_s": 0.0}  # builder_s: the builds' own seconds (no start-up, no queue)
         for w in (*self._builders, *(r.worker for r in self._runners)):
             w.start()  # start importing TVM in the background right away
@@ -216,11 +216,9 @@ class Gateway:
         its build ends, each run as it ends), so a caller can commit it at once: a kill then
         loses only the candidates still in flight, not the whole batch.
         """
-        t0 = time.monotonic()
         self._join_free_devices()  # before the builds: a new runner starts up meanwhile
         built = self._build_all(mods, on_result)
         t1 = time.monotonic()
-        self.stats["build_s"] += t1 - t0
         results: list[MeasureResult | None] = [b if isinstance(b, MeasureResult) else None for b in built]
         try:
             if len(self._runners) == 1:

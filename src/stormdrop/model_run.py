@@ -89,14 +89,14 @@ def _remote(rpc: dict, fresh: bool = False) -> Any:
     the tracker (with one device under the key, a request while holding it would wait forever)."""
     import gc
 
+    from .tracker import renewal_due
+
     key = (rpc["host"], int(rpc["port"]), rpc["key"])
     timeout = int(rpc.get("session_timeout", 600))
-    held = _SESSIONS.get(key)
-    if held is not None and not fresh and (not timeout or time.monotonic() - held[1] < timeout - min(60.0, timeout / 5)):
-        return held[0]
+    if key in _SESSIONS and not fresh and not renewal_due(_SESSIONS[key][1], timeout):
+        return _SESSIONS[key][0]
     if _SESSIONS.pop(key, None) is not None:
-        held = None
-        gc.collect()
+        gc.collect()  # the old session's last reference is gone: it closes
     from tvm import rpc as tvm_rpc
 
     tracker = tvm_rpc.connect_tracker(rpc["host"], int(rpc["port"]))

@@ -4,12 +4,25 @@ minute of silent retries: the port is knocked on first."""
 from __future__ import annotations
 
 import socket
+import time
+
+
+def knock(rpc: dict, timeout: float = 5.0) -> None:
+    """Connect to the tracker's port and leave (OSError if it does not answer): seconds, not the
+    minute TVM's own connect retries silently."""
+    socket.create_connection((rpc["host"], int(rpc["port"])), timeout=timeout).close()
+
+
+def renewal_due(opened: float, session_timeout: float) -> bool:
+    """Whether a session opened at ``opened`` (``time.monotonic()``) is in the last fifth, or last
+    minute, of the tracker's ``session_timeout`` (0: never ends), when it is renewed."""
+    return bool(session_timeout) and time.monotonic() - opened > session_timeout - min(60.0, session_timeout / 5)
 
 
 def free_devices(rpc: dict) -> int | None:
     """The devices free under the key now (the tracker's summary); None if the tracker does not answer."""
     try:
-        socket.create_connection((rpc["host"], int(rpc["port"])), timeout=5).close()
+        knock(rpc)
         from tvm import rpc as tvm_rpc
 
         info = tvm_rpc.connect_tracker(rpc["host"], int(rpc["port"])).summary().get("queue_info", {})
