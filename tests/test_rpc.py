@@ -220,6 +220,38 @@ def test_a_models_remote_timings_outlive_the_rpc_session(tmp_path, one_device):
     model_run._SESSIONS.pop(key)
 
 
+def test_a_model_timer_renewing_a_live_session_lets_go_of_the_old_one(tmp_path):
+    """One device, 600-s sessions: when the process's session is due for renewal while a timer still
+    has the model loaded on it, the timer lets go first, so the old session closes and the new
+    request is granted at once (holding it, the request would wait out the old session's 600 s)."""
+    import threading
+
+    import tvm
+    from test_model import tiny_net
+
+    from stormdrop import model_run
+    from stormdrop.target import host_target
+    from stormdrop.workloads.models import load_model
+
+    model = load_model(tiny_net(str(tmp_path / "tiny.onnx")))
+    target = host_target()
+    ex = tvm.compile(model.mod, target=target)
+    inputs = model_run.random_inputs(model, 0)
+    for rpc, _, _, _ in _cluster(tmp_path, KEY + "-renew", 1):
+        rpc = {**rpc, "session_timeout": 600}
+        key = model_run._key(rpc)
+        sample = model_run.model_timer(ex, inputs, target, rpc)
+        assert sample() > 0
+        model_run._SESSIONS[key] = (model_run._SESSIONS[key][0], time.monotonic() - 590)  # due, still alive
+        result = []
+        t = threading.Thread(target=lambda s=sample, r=result: r.append(s()), daemon=True)
+        t.start()
+        t.join(timeout=60)
+        assert result and result[0] > 0, "the renewed session's request waited for the old session"
+        assert model_run._SESSIONS[key][1] > time.monotonic() - 60  # a new session
+        model_run._SESSIONS.pop(key)
+
+
 def test_a_server_killed_mid_run_leaves_its_candidates_to_the_other(tmp_path):
     """Two devices; one server is killed once a few records are committed: its candidate in flight
     goes to the other device, the run finishes verified and stores no failure."""

@@ -86,22 +86,33 @@ def _remote(rpc: dict, fresh: bool = False) -> Any:
     """The process's RPC session to a device under ``rpc``'s key, for model runs: a new one when
     ``fresh`` or when the tracker's session timeout is near (its last fifth, or last minute, as the
     measurement runners renew theirs). The old session is closed first: its device goes back to
-    the tracker (with one device under the key, a request while holding it would wait forever)."""
+    the tracker (with one device under the key, a request while holding it waits until the old
+    session times out); ``_on_remote`` lets go of the model loaded on it before asking."""
     import gc
 
-    from .tracker import renewal_due
-
-    key = (rpc["host"], int(rpc["port"]), rpc["key"])
-    timeout = int(rpc.get("session_timeout", 600))
-    if key in _SESSIONS and not fresh and not renewal_due(_SESSIONS[key][1], timeout):
+    key = _key(rpc)
+    if key in _SESSIONS and not fresh and not _renewal_due(rpc):
         return _SESSIONS[key][0]
     if _SESSIONS.pop(key, None) is not None:
         gc.collect()  # the old session's last reference is gone: it closes
     from tvm import rpc as tvm_rpc
 
     tracker = tvm_rpc.connect_tracker(rpc["host"], int(rpc["port"]))
+    timeout = int(rpc.get("session_timeout", 600))
     _SESSIONS[key] = (tracker.request(rpc["key"], priority=1, session_timeout=timeout), time.monotonic())
     return _SESSIONS[key][0]
+
+
+def _key(rpc: dict) -> tuple:
+    return rpc["host"], int(rpc["port"]), rpc["key"]
+
+
+def _renewal_due(rpc: dict) -> bool:
+    """Whether the process's session under ``rpc``'s key is in its last fifth (or minute)."""
+    from .tracker import renewal_due
+
+    opened = _SESSIONS.get(_key(rpc), (None, None))[1]
+    return opened is not None and renewal_due(opened, int(rpc.get("session_timeout", 600)))
 
 
 def _on_remote(rpc: dict, ex: Any, inputs: dict[str, np.ndarray], target: Target,
@@ -111,6 +122,8 @@ def _on_remote(rpc: dict, ex: Any, inputs: dict[str, np.ndarray], target: Target
     error. ``state`` keeps the loaded model between calls (a timer's samples)."""
     state = {} if state is None else state
     for attempt in (0, 1):
+        if _renewal_due(rpc):
+            state.clear()  # the model loaded there holds the old session: let go, so it closes first
         session = _remote(rpc, fresh=attempt == 1)
         try:
             if state.get("session") is not session:
@@ -119,6 +132,7 @@ def _on_remote(rpc: dict, ex: Any, inputs: dict[str, np.ndarray], target: Target
             return use(*state["loaded"])
         except Exception:  # noqa: BLE001 - maybe the session, maybe the model: once more on a new session
             state.clear()
+            session = None  # (nor may this frame hold it while the next one is requested)
             if attempt:
                 raise
     raise AssertionError("unreachable")
