@@ -167,6 +167,16 @@ def test_reuse_then_raindrop_without_a_storm(tmp_path, donor_db, monkeypatch):
     assert trained == []
 
 
+def test_reuse_then_raindrop_where_no_donor_exists_starts_from_storm_samples(tmp_path):
+    """No donor of the task's class: instead of leaving the task untuned (naive loops in a model:
+    a max-pool with no donor in a ResNet), --reuse's count of storm samples gives the raindrop its
+    start, counted as storm trials; a task a transfer reached gets none (the test above)."""
+    task = tune_kernel("matmul:M=48,N=80,K=64", trials=8, exploit_trials=4, db=tmp_path / "none.db", seed=0,
+                       phases=(Phase.REUSE, Phase.RAINDROP), reuse=3).tasks[0]
+    assert task.trials["reuse"] == 0 and task.trials["storm"] == 3 and 1 <= task.trials["raindrop"] <= 4
+    assert task.verified and task.latency_s > 0
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--phases", "raindrop,storm"], "--phases: a comma list of reuse, storm, raindrop in that order"),
     (["--phases", "drizzle"], "--phases"),

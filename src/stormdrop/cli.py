@@ -173,10 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     from .kernel_tune import tune_kernel
+    from .phases import parse_phases
     from .report import task_table
     from .storm import StormConfig
     from .target import describe, parse_target
-    from .tune import parse_phases
     from .workloads import parse_kernel
 
     if args.model:
@@ -239,10 +239,10 @@ def _rpc(args: argparse.Namespace) -> dict | None:
 
 def _cmd_tune_model(args: argparse.Namespace) -> int:
     from .model_tune import tune_model
+    from .phases import parse_phases
     from .report import task_table
     from .storm import StormConfig
     from .target import describe, parse_target
-    from .tune import parse_phases
     from .workloads.models import load_model, parse_input_shapes
 
     target = parse_target(args.target)

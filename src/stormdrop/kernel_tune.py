@@ -18,12 +18,13 @@ from .database import Database, default_db_path
 from .driver import Budget, drive, measured
 from .errors import TuningError
 from .measure import Gateway, MeasureConfig
+from .phases import PHASES, check_samples
 from .raindrop import RaindropConfig
 from .records import Phase
 from .reuse import open_donors
 from .storm import StormConfig
 from .target import canonical, parse_target
-from .tune import PHASES, TaskResult, TaskSession, TaskTuner, check_samples
+from .tune import TaskResult, TaskSession, TaskTuner
 from .workloads import Kernel, parse_kernel
 
 

@@ -34,12 +34,13 @@ from .model_run import (
     random_inputs,
     side_by_side,
 )
+from .phases import PHASES, check_samples
 from .raindrop import RaindropConfig
 from .records import Phase
 from .reuse import block_names, open_donors
 from .storm import StormConfig
 from .target import canonical, parse_target
-from .tune import PHASES, TaskResult, TaskSession, TaskTuner, check_samples
+from .tune import TaskResult, TaskSession, TaskTuner
 from .winograd import direct_flops as winograd_direct_flops
 from .workloads import Kernel
 from .workloads.models import Model, load_model

@@ -24,9 +24,9 @@ from tvm.target import Target
 
 from . import __version__, _tvm
 from .database import Database, WorkloadEntry
-from .errors import SpecError
 from .history import Trial
 from .measure import Gateway
+from .phases import PHASES
 from .raindrop import Raindrop, RaindropConfig
 from .records import MeasureResult, Phase, Record
 from .space import Candidate, DecisionSpace
@@ -184,25 +184,7 @@ class TaskSession:
         return Candidate.from_schedule(sch, phase)
 
 
-PHASES = (Phase.REUSE, Phase.STORM, Phase.RAINDROP)
 OWNER = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"  # this process, in the claims table
-
-
-def parse_phases(text: str) -> tuple[Phase, ...]:
-    """``--phases``: a comma list of reuse, storm, raindrop, in that order (SpecError otherwise)."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    order = [p.value for p in PHASES]
-    if not names or any(n not in order for n in names) or len(set(names)) != len(names) \
-            or names != sorted(names, key=order.index):
-        raise SpecError(f"--phases: a comma list of {', '.join(order)} in that order, got {text!r}")
-    return tuple(Phase(n) for n in names)
-
-
-def check_samples(measure: object, phases: Sequence[Phase], exploit_trials: int) -> None:
-    """A raindrop compares samples with a t-test: refuse fewer than 2 per candidate (SpecError)."""
-    repeat = getattr(measure, "repeat", 2)
-    if Phase.RAINDROP in phases and exploit_trials > 0 and repeat < 2:
-        raise SpecError(f"--repeat must be >= 2: the raindrop's t-test compares samples, got {repeat}")
 
 
 def _versions() -> str:
@@ -238,6 +220,9 @@ class TaskTuner:
         self.reuse_donors = reuse if Phase.REUSE in self.phases else 0  # at most this many same-class donors
         self.donor_dbs = tuple(donor_dbs)  # more databases to draw donors from (read only)
         self.reused = self.reuse_donors <= 0
+        # a raindrop without a storm starts from a transfer; where no donor gave one, this many
+        # storm samples (the prior's pick of a random pool, where there is a prior) stand in
+        self.stand_in = max(1, reuse) if Phase.RAINDROP in self.phases and Phase.STORM not in self.phases else 0
         self.storm_config = storm or StormConfig()
         self.raindrop_config = raindrop or RaindropConfig()
         self.storm: Storm | None = None
@@ -264,6 +249,13 @@ class TaskTuner:
             self.reused = True
             if self._reuse(limit):
                 return True
+        if self.stand_in and self.drop is None:
+            trials, self.stand_in = self.stand_in, 0
+            if not self.task.db.best(self.task.entry.workload_id, self.task.target_key, k=1):
+                log.info("%s: no transfer to start the raindrop from: %d storm samples instead",
+                         self.task.kernel.name, trials)
+                self.storm.close()
+                self.storm = self._start_storm(trials)
         if self.drop is None:
             caps = [c for c in (limit, self.first_batch if self.rounds == 0 else None) if c]
             cands = self.storm.propose(limit=min(caps) if caps else None)
@@ -338,14 +330,17 @@ class TaskTuner:
         self.rounds += 1
         return True
 
-    def _start_storm(self) -> Storm:
+    def _start_storm(self, trials: int | None = None) -> Storm:
+        """The task's storm, told the stored measurements, with ``trials`` (default: what is left of
+        the storm's budget after the storm's and reuse's stored trials)."""
         history = []
         for rec in self.task.stored():
             try:
                 history.append((self.task.candidate_of(rec, rec.phase), rec.result))
             except Exception as err:  # noqa: BLE001 - a stored trace that no longer replays is skipped
                 log.debug("skipping stored record %s: %s", rec.record_id, err)
-        remaining = max(0, self.trials - self.task.spent(Phase.STORM) - self.task.spent(Phase.REUSE))
+        remaining = max(0, self.trials - self.task.spent(Phase.STORM) - self.task.spent(Phase.REUSE)) \
+            if trials is None else trials
         return Storm(self.task.kernel.mod, self.task.target, trials=remaining, seed=self.task.seed,
                      config=self.storm_config, history=history)
 
