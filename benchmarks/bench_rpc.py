@@ -15,59 +15,14 @@ import argparse
 import datetime
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 
+from _loopback import Loopback
 from _peers import emit
 
 KEY = "bench-rpc"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cluster(n: int, logs: str) -> tuple[dict, list[subprocess.Popen]]:
-    """A tracker and ``n`` servers under KEY, registered and free."""
-    from tvm import rpc as tvm_rpc
-
-    tport = _free_port()
-    cmds = [["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(tport), "--port-end", str(tport + 1)]]
-    for _ in range(n):
-        sport = _free_port()
-        cmds.append(["tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(sport), "--port-end",
-                     str(sport + 1), "--tracker", f"127.0.0.1:{tport}", "--key", KEY])
-    procs = []
-    for i, c in enumerate(cmds):
-        with open(os.path.join(logs, f"p{n}_{i}.log"), "wb") as log:
-            procs.append(subprocess.Popen([sys.executable, "-m", *c], stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True))
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", tport), timeout=1).close()
-            if tvm_rpc.connect_tracker("127.0.0.1", tport).summary()["queue_info"].get(KEY, {}).get("free", 0) >= n:
-                return {"host": "127.0.0.1", "port": tport, "key": KEY}, procs
-        except Exception:  # noqa: BLE001 - not up yet
-            pass
-        time.sleep(0.5)
-    stop(procs)
-    raise SystemExit(f"the {n} loopback servers did not register")
-
-
-def stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,9 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-rpc-") as logs:
         for n in [int(x) for x in args.servers.split(",")]:
-            rpc, procs = cluster(n, logs)
-            try:
-                config = MeasureConfig(rpc=rpc, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms)
+            os.makedirs(os.path.join(logs, str(n)))
+            with Loopback(os.path.join(logs, str(n)), KEY, n) as cluster:
+                config = MeasureConfig(rpc=cluster.rpc, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms)
                 with Gateway(target, config) as g:
                     g.prepare("mm", kernel.mod)
                     g.measure("mm", mods[:2])  # references and sessions warm on every device
@@ -107,8 +62,6 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append({"servers": n, "runners": len(g._runners), "candidates": len(mods),
                                  "ok": sum(r.ok for r in results), "seconds": secs, "run_seconds": run_s,
                                  "per_minute": 60 * len(mods) / secs, "timed_per_minute": 60 * len(mods) / run_s})
-            finally:
-                stop(procs)
             print(json.dumps(rows[-1]), flush=True)
     base, run_base = rows[0]["per_minute"], rows[0]["timed_per_minute"]
     lines = [f"## RPC dispatch, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",

@@ -33,47 +33,12 @@ import time
 from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _loopback import Loopback  # noqa: E402
 from _peers import emit  # noqa: E402
-from bench_rpc import _free_port, stop  # noqa: E402
 from faults import lost, rows  # noqa: E402
 
 KEY = "rpc-long"
 SPURIOUS = re.compile(r"rpc|session|tracker|connect|socket|broken pipe|device ?lost|devicegone", re.IGNORECASE)
-
-
-class Cluster:
-    """The tracker and servers, each in its own process group; logs in ``logs``."""
-
-    def __init__(self, logs: str, servers: int) -> None:
-        self.logs, self.port, self.n = logs, _free_port(), 0
-        self.tracker = self._start(["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(self.port),
-                                    "--port-end", str(self.port + 1)], "tracker")
-        time.sleep(2)
-        self.servers = [self.server() for _ in range(servers)]
-
-    def _start(self, cmd: list[str], name: str) -> subprocess.Popen:
-        with open(os.path.join(self.logs, f"{name}.log"), "ab") as log:
-            return subprocess.Popen([sys.executable, "-m", *cmd], stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-
-    def server(self) -> subprocess.Popen:
-        self.n += 1
-        port = _free_port()
-        return self._start(["tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(port), "--port-end",
-                            str(port + 1), "--tracker", f"127.0.0.1:{self.port}", "--key", KEY], f"server{self.n}")
-
-    def replace_server(self, i: int, down: float) -> None:
-        stop([self.servers[i]])
-        time.sleep(down)
-        self.servers[i] = self.server()
-
-    def restart_tracker(self, down: float) -> None:
-        stop([self.tracker])
-        time.sleep(down)
-        self.tracker = self._start(self.tracker.args[2:], "tracker")
-
-    def close(self) -> None:
-        stop([self.tracker, *self.servers])
 
 
 def failures(db: str) -> tuple[Counter, list[str], int]:
@@ -106,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(work, exist_ok=True)
     db, out_json = os.path.join(work, "long.db"), os.path.join(work, "tune.json")
     budget = args.minutes * 60
-    cluster = Cluster(work, args.servers)
+    cluster = Loopback(work, KEY, args.servers)
     cmd = [sys.executable, "-m", "stormdrop", "-v", "tune", *args.tune.split(), "--time-budget", str(budget),
            "--rpc-tracker", f"127.0.0.1:{cluster.port}", "--rpc-key", KEY, "--rpc-session-timeout",
            str(args.session_timeout), "--db", db, "--json", out_json, "--no-progress"]
