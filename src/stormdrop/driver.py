@@ -43,13 +43,10 @@ def finishing_s(sessions: Sequence[TaskSession], steps: Sequence[float], builds_
     """Wall seconds a run still needs once its search stops: a step that may be under way when
     the deadline comes (the longest of the last 8), every task's best built and measured once
     more (``verify_best``), and ``builds_after`` builds (a model compiled from those bests), as
-    measured by the gateway so far. Without it a 1800-s BERT-base tune took 2098 s. The estimate
-    uses mean build and run times and is given a tenth more for their spread: reuse + raindrop runs
-    on a 118-s budget, whose ~40 s after the search this estimates to a few seconds, ended 1.3 s
-    and 4.9 s past it without (RESULTS "Reuse, 2026-11-26 08:26")."""
+    measured by the gateway so far. Without it a 1800-s BERT-base tune took 2098 s."""
     gateway = getattr(sessions[0], "gateway", None) if sessions else None
     build, run = gateway.candidate_s() if gateway is not None else (0.0, 0.0)
-    return 1.1 * (max(steps[-8:], default=0.0) + len(sessions) * (build + run) + builds_after * build)
+    return max(steps[-8:], default=0.0) + len(sessions) * (build + run) + builds_after * build
 
 
 def measured(session: TaskSession) -> int:
