@@ -148,6 +148,7 @@ def test_phases_reuse_only_and_donors_from_another_database_left_unchanged(tmp_p
     # two donors, each transferred and moved into the sketches: up to the 8 of --reuse's default
     assert 2 <= task["trials"]["reuse"] <= 8 and task["trials"]["storm"] == 0 and task["trials"]["raindrop"] == 0
     assert task["verified"]
+    assert f" {task['trials']['reuse']}+0+0 " in r.stdout  # the table counts the transfers (reuse+storm+drop)
     assert _digest(donor_db) == before
     with Database(tmp_path / "new.db") as d:
         assert {r.phase for w in d.workloads() for r in d.records(w.workload_id)} == {Phase.REUSE}

@@ -26,7 +26,7 @@ def _fmt(value: object) -> str:
 def task_table(tasks: Sequence[object]) -> str:
     """One row per TaskResult: the final table of ``stormdrop tune``."""
     header = ["ID", "Name", "FLOP", "Weight", "Speed (GFLOPS)", "Latency (us)", "Share",
-              "Trials (storm+drop)", "Failed", "Verified", "Tuning (s)"]
+              "Trials (reuse+storm+drop)", "Failed", "Verified", "Tuning (s)"]
     weighted = [getattr(t, "weight", 1) * t.latency_s if t.latency_s else 0.0 for t in tasks]
     total = sum(weighted)
     rows = []
@@ -34,7 +34,7 @@ def task_table(tasks: Sequence[object]) -> str:
         lat = t.latency_s * 1e6 if t.latency_s else None
         share = f"{100 * weighted[i] / total:.1f}%" if total > 0 else None  # of the tasks' weight x latency
         rows.append([i, t.name, t.flops, getattr(t, "weight", 1), t.gflops, lat, share,
-                     f"{t.trials['storm']}+{t.trials['raindrop']}", t.trials["failed"],
+                     f"{t.trials['reuse']}+{t.trials['storm']}+{t.trials['raindrop']}", t.trials["failed"],
                      _verified(t), t.tuning_s])
     return table(header, rows)
 
