@@ -74,6 +74,28 @@ def quiet_meta_schedule() -> None:
 from stormdrop._tvm import load_tensor_intrinsics  # noqa: E402
 
 
+def meta_schedule_model(model: Any, target: Any, trials: int, seed: int, batch: int, lowering: Any,
+                        work_dir: str) -> tuple[Any, Any, float]:
+    """MetaSchedule's ``tune_relax`` at ``trials`` (global) on the fused module stormdrop tunes (the
+    same lowering; ``tune_relax`` on the raw imported module finds no task: it expects legalized,
+    fused primitive functions); its JSON database in ``work_dir``. Returns (the fused module, the
+    database, tuning seconds: extraction and search)."""
+    import functools
+    import time
+
+    import tvm.s_tir.meta_schedule as ms
+
+    from stormdrop.model_tune import extract_tasks
+
+    quiet_meta_schedule()
+    builder = ms.builder.LocalBuilder(timeout_sec=60.0, initializer=functools.partial(load_tensor_intrinsics, "llvm"))
+    t0 = time.monotonic()
+    fused, _ = extract_tasks(model, target, lowering)
+    db = ms.relax_integration.tune_relax(fused, {}, target, work_dir, trials, num_trials_per_iter=batch,
+                                         builder=builder, seed=seed)
+    return fused, db, time.monotonic() - t0
+
+
 def run_meta_schedule(mod: Any, target: Any, trials: int, seed: int, post_opt: bool) -> dict:
     """``ms.tune_tir`` at ``trials`` in a fresh work dir; returns the best schedule's module.
 

@@ -62,26 +62,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run_ms(model, target, trials: int, seed: int, batch: int, layout: str, winograd: str) -> dict:
-    import functools
+    from _peers import meta_schedule_model
 
-    import tvm.s_tir.meta_schedule as ms
-    from _peers import quiet_meta_schedule
-
-    from stormdrop._tvm import load_tensor_intrinsics
     from stormdrop.lowering import Lowering
     from stormdrop.model_run import compile_model
-    from stormdrop.model_tune import extract_tasks
 
-    quiet_meta_schedule()
-    builder = ms.builder.LocalBuilder(timeout_sec=60.0, initializer=functools.partial(load_tensor_intrinsics, "llvm"))
     with tempfile.TemporaryDirectory(prefix="bench-ms-") as work_dir:
-        t0 = time.monotonic()
-        # The same fused module and compile path as stormdrop's (tune_relax on the raw imported
-        # module finds no task: it expects legalized, fused primitive functions).
-        fused, _ = extract_tasks(model, target, Lowering(layout, winograd=winograd))
-        db = ms.relax_integration.tune_relax(fused, {}, target, work_dir, trials, num_trials_per_iter=batch,
-                                             builder=builder, seed=seed)
-        tuning_s = time.monotonic() - t0
+        fused, db, tuning_s = meta_schedule_model(model, target, trials, seed, batch, Lowering(layout, winograd=winograd),
+                                                  work_dir)
         ex = compile_model(fused, db, target)
     return {"ex": ex, "tuning_s": tuning_s}
 

@@ -7,6 +7,8 @@ the target is compiled five ways, all timed in the same process, taking turns:
 - (b) reuse only: ``--phases reuse`` with ``--reuse-from donor.db`` (transfer-tuning);
 - (c) reuse + raindrop: ``--phases reuse,raindrop`` (Droplet Search from the best transfer);
 - (d) storm + raindrop from scratch, ``--time-budget`` seconds;
+- (e) with ``--ms``: MetaSchedule's ``tune_relax`` on the same fused module, as many trials as (d)
+  measured (``--ms-trials N`` instead), compiled and timed as the others;
 - ONNX Runtime (default graph optimizations, same threads) beside them.
 
 Printed: latencies, tuning seconds, and the fraction of (d)'s speedup over untuned that (b)
@@ -38,6 +40,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -71,6 +74,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--keep-tuned", action="store_true",
                    help="with the --db-dir of an earlier run: keep its donor and (d) tunings (and their times, "
                         "from its tuning.json) and tune the reuse arms again")
+    p.add_argument("--ms", action="store_true",
+                   help="also (e): MetaSchedule tune_relax on the same fused module with as many trials as (d) "
+                        "measured (its own time in the table)")
+    p.add_argument("--ms-trials", type=int, default=None, help="(e)'s trials instead of (d)'s count")
+    p.add_argument("--ms-batch", type=int, default=16, help="(e)'s num_trials_per_iter (16: the storm's batch)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--db-dir", default=None, help="keep the databases here (default: a new temporary directory, left in place: the "
@@ -147,6 +155,18 @@ def one_pair(donor: str, target_name: str, args: argparse.Namespace, target, db_
         if share:
             kw["time_budget"] = share * out["scratch_tuning_s"]
         out[f"{key}_tuning_s"], out[f"{key}_wall_s"] = tuned(model, path, **kw)
+    if args.ms:
+        from _peers import meta_schedule_model
+
+        from stormdrop.database import Database
+
+        with Database(os.path.join(db_dir, f"{target_name}_scratch.db")) as d:
+            trials = args.ms_trials or sum(len(d.records(w.workload_id)) for w in d.workloads())
+        work_dir = os.path.join(db_dir, f"{target_name}_ms")
+        shutil.rmtree(work_dir, ignore_errors=True)
+        t0 = time.monotonic()
+        _, _, out["ms_tuning_s"] = meta_schedule_model(model, target, trials, args.seed, args.ms_batch, None, work_dir)
+        out["ms_wall_s"], out["ms_trials"] = time.monotonic() - t0, trials
     return out
 
 
@@ -190,26 +210,44 @@ def timed(out: dict, args: argparse.Namespace, target, db_dir: str) -> dict:
     from stormdrop.model_bench import tuned_build
     from stormdrop.model_run import (
         interleaved,
+        max_abs_diff,
         model_timer,
         num_cores,
         onnxruntime_timer,
         random_inputs,
+        run_model,
     )
 
     model = load(out["target"], args)
     inputs = random_inputs(model, args.seed)
-    _, ort = onnxruntime_timer(model.onnx_model, inputs, num_cores(target))
+    ref, ort = onnxruntime_timer(model.onnx_model, inputs, num_cores(target))
     timers = {"untuned": model_timer(tvm.compile(model.mod, target=target), inputs, target), "onnxruntime": ort}
-    arms = [k for k in ("reuse_unranked", "reuse", "reuse_raindrop", "reuse_raindrop0", "scratch")
+    arms = [k for k in ("reuse_unranked", "reuse", "reuse_raindrop", "reuse_raindrop0", "ms", "scratch")
             if f"{k}_tuning_s" in out]
     for key in arms:
+        if key == "ms":  # (e): MetaSchedule's JSON database, compiled as stormdrop compiles its own
+            import tvm.s_tir.meta_schedule as ms
+
+            from stormdrop.model_run import compile_model
+            from stormdrop.model_tune import extract_tasks
+
+            fused, _ = extract_tasks(model, target)
+            mdb = ms.database.JSONDatabase(work_dir=os.path.join(db_dir, f"{out['target']}_ms"))
+            ex = compile_model(fused, mdb, target)
+            err, scale = max_abs_diff(run_model(ex, inputs, target, time_it=False)[0], ref)
+            out["ms_max_abs_diff"] = err
+            if err <= 1e-3 * scale:  # (stormdrop's arms are checked when tuned: side_by_side)
+                timers[key] = model_timer(ex, inputs, target)
+            else:
+                print(f"(e) MetaSchedule's build is wrong (max |diff| {err:.3g}): not timed", flush=True)
+            continue
         with Database(os.path.join(db_dir, f"{out['target']}_{key}.db")) as d:
             ex, rows = tuned_build(model, d, target)
         out[f"{key}_tasks_tuned"] = f"{sum(r.latency_s is not None for r in rows)}/{len(rows)}"
         timers[key] = model_timer(ex, inputs, target)
     out.update({f"{k}_s": v for k, v in interleaved(timers, rounds=args.rounds).items()})
     gain = out["untuned_s"] - out["scratch_s"]
-    for key in arms[:-1]:
+    for key in (k for k in arms[:-1] if f"{k}_s" in out):
         out[f"{key}_fraction"] = out["scratch_s"] / out[f"{key}_s"]
         out[f"{key}_gain_fraction"] = (out["untuned_s"] - out[f"{key}_s"]) / gain if gain > 0 else None
         out[f"{key}_time_share"] = out[f"{key}_tuning_s"] / out["scratch_tuning_s"]
@@ -246,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.db_dir:
         raise SystemExit("--retime needs the --db-dir of the run it times again")
     with open(args.retime) as f:
-        tuned_pairs = [{k: v for k, v in r.items() if k in ("donor", "target") or k.endswith(("tuning_s", "wall_s"))}
+        tuned_pairs = [{k: v for k, v in r.items() if k in ("donor", "target", "ms_trials") or k.endswith(("tuning_s", "wall_s"))}
                        for r in json.load(f)["pairs"]]
     command = " ".join(["benchmarks/bench_reuse.py", *sys.argv[1:]])
     results = []
@@ -266,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
 
     arms = [(k, label) for k, label in (("reuse_unranked", f"(b0) reuse, {args.b0}"), ("reuse", "(b) reuse"),
                                         ("reuse_raindrop", "(c) reuse+raindrop"),
-                                        ("reuse_raindrop0", f"(c0) reuse+raindrop, {args.c0}"))
+                                        ("reuse_raindrop0", f"(c0) reuse+raindrop, {args.c0}"),
+                                        ("ms", "(e) MetaSchedule"))
             if any(f"{k}_s" in r for r in results)]
     header = ["donor -> target", "untuned", *(x for _, label in arms for x in (label, "s")), "(d) scratch", "s",
               "ONNX Runtime", *(f"{label.split()[0]} of (d)'s speedup" for _, label in arms),
