@@ -1,7 +1,7 @@
 """Reuse across models against the transfer-tuning paper (Gibson & Cano, arXiv 2201.05587).
 
 For each donor -> target pair: the donor is tuned from scratch into its own database, then
-the target is compiled five ways, all timed in the same process, taking turns:
+the target is compiled five ways (six with ``--ms``), all timed in the same process, taking turns:
 
 - (a) untuned (TVM's default schedules);
 - (b) reuse only: ``--phases reuse`` with ``--reuse-from donor.db`` (transfer-tuning);
