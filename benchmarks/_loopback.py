@@ -55,18 +55,14 @@ class Loopback:
                            f"server{self.n}")
 
     def wait_free(self, n: int, timeout: float = 60) -> None:
-        from tvm import rpc as tvm_rpc
+        from stormdrop.tracker import (
+            free_devices,  # (knocks on the port first: TVM's connect retries a minute)
+        )
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            try:
-                # connect_tracker itself retries for a minute: knock on the port first
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                info = tvm_rpc.connect_tracker("127.0.0.1", self.port).summary()["queue_info"]
-                if info.get(self.key, {}).get("free", 0) >= n:
-                    return
-            except Exception:  # noqa: BLE001 - not up yet
-                pass
+            if (free_devices(self.rpc) or 0) >= n:
+                return
             time.sleep(0.5)
         self.close()
         raise SystemExit(f"the {n} loopback RPC servers did not register (logs: {self.logs})")

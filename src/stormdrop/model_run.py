@@ -84,14 +84,14 @@ _SESSIONS: dict[tuple, tuple[Any, float]] = {}  # per device key: the process's 
 
 def _remote(rpc: dict, fresh: bool = False) -> Any:
     """The process's RPC session to a device under ``rpc``'s key, for model runs: a new one when
-    ``fresh`` or when the tracker's session timeout is near (its last fifth, or last minute, as the
-    measurement runners renew theirs). The old session is closed first: its device goes back to
-    the tracker (with one device under the key, a request while holding it waits until the old
-    session times out); ``_on_remote`` lets go of the model loaded on it before asking."""
+    ``fresh`` (``_on_remote``: after an error, or when the tracker's session timeout is near). The
+    old session is closed first: its device goes back to the tracker (with one device under the
+    key, a request while holding it waits until the old session times out); ``_on_remote`` lets go
+    of the model loaded on it before asking."""
     import gc
 
     key = _key(rpc)
-    if key in _SESSIONS and not fresh and not _renewal_due(rpc):
+    if key in _SESSIONS and not fresh:
         return _SESSIONS[key][0]
     if _SESSIONS.pop(key, None) is not None:
         gc.collect()  # the old session's last reference is gone: it closes
@@ -122,9 +122,10 @@ def _on_remote(rpc: dict, ex: Any, inputs: dict[str, np.ndarray], target: Target
     error. ``state`` keeps the loaded model between calls (a timer's samples)."""
     state = {} if state is None else state
     for attempt in (0, 1):
-        if _renewal_due(rpc):
+        due = _renewal_due(rpc)  # (its last fifth, or last minute, as the measurement runners renew theirs)
+        if due:
             state.clear()  # the model loaded there holds the old session: let go, so it closes first
-        session = _remote(rpc, fresh=attempt == 1)
+        session = _remote(rpc, fresh=attempt == 1 or due)
         try:
             if state.get("session") is not session:
                 state.clear()
