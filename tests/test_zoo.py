@@ -68,6 +68,17 @@ def test_zoo_model_checks_and_runs(name):
     assert 1e-3 < float(np.abs(y).max()) < 1e4  # activations stay O(1)-ish
 
 
+@pytest.mark.parametrize("name", ["bert_base", "mobilebert"])
+def test_sequence_models_stay_finite_at_their_full_depth(name):
+    """Random weights at the default layer count (12, 24), short sequence: MobileBERT's NoNorm
+    does not normalize, and its hidden states were all NaN by layer 24 (a tuned model's output
+    check then failed on NaN)."""
+    model = build_zoo_model(name, seq_len=8)
+    y = _run_ort(model, _input_for(model))
+    assert np.isfinite(y).all()
+    assert 1e-3 < float(np.abs(y).max()) < 1e3
+
+
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "bert_base", "shufflenet_v2_x1_0", "mobilebert"])
 def test_zoo_model_matches_under_tvm(name):
     tvm = pytest.importorskip("tvm")

@@ -53,22 +53,26 @@ def bert_base(batch: int, seq: int, seed: int, *, layers: int = 12) -> onnx.Mode
 def mobilebert(batch: int, seq: int, seed: int, *, layers: int = 24) -> onnx.ModelProto:
     """MobileBERT encoder (Sun et al. 2020; Hugging Face's MobileBertLayer): hidden 512, bottleneck
     128, 4 heads, NoNorm, ReLU, four stacked FFNs; Q and K share one bottleneck of the hidden
-    state, V reads the 512-wide hidden state itself."""
+    state, V reads the 512-wide hidden state itself.
+
+    NoNorm does not normalize, so with random weights every residual branch ends in a small
+    gain (0.3 inside a layer, 0.1 for the output bottleneck back onto the 512-wide stream):
+    with torch-like gains the hidden states grew ~7x a layer and were all NaN by layer 24."""
     hidden, inner, heads, ffn = 512, 128, 4, 512
     g = GraphBuilder("mobilebert", seed)
     x = g.input("input", (batch, seq, hidden))
     h = _Heads(g, batch, seq, heads, inner // heads)
     for _ in range(layers):
-        layer_input = g.nonorm(g.linear(x, inner))  # input bottleneck
-        shared = g.nonorm(g.linear(x, inner))  # Q/K's shared bottleneck
+        layer_input = g.nonorm(g.linear(x, inner, gain=0.7))  # input bottleneck
+        shared = g.nonorm(g.linear(x, inner, gain=0.7))  # Q/K's shared bottleneck
         q = h.split(g.linear(shared, inner, gain=0.7))
         kt = h.split_keys(g.linear(shared, inner, gain=0.7))
         v = h.split(g.linear(x, inner, gain=0.7))
         ctx = h.attend(q, kt, v)
-        t = g.nonorm(g.add(g.linear(ctx, inner, gain=0.7), layer_input))
+        t = g.nonorm(g.add(g.linear(ctx, inner, gain=0.3), layer_input))
         for _ in range(4):  # three extra FFNs, then the layer's own
-            f = g.linear(g.relu(g.linear(t, ffn)), inner, gain=0.7)
+            f = g.linear(g.relu(g.linear(t, ffn)), inner, gain=0.3)
             t = g.nonorm(g.add(f, t))
-        x = g.nonorm(g.add(g.linear(t, hidden, gain=0.7), x))  # output bottleneck back to 512
+        x = g.nonorm(g.add(g.linear(t, hidden, gain=0.1), x))  # output bottleneck back to 512
     g.output(x)
     return g.model()
