@@ -171,4 +171,39 @@ def test_a_time_budget_reaches_every_task_before_its_reserve_stops_the_search(mo
         t.step = timed
     stopped = driver.drive(tuners, sessions, [1] * 5, driver.Budget(deadline=120.0, builds_after=5))
     assert stopped == "the time budget"
-    assert [driver.measured(s) for s in sessions] == [4] * 5  # one round each, then the reserve stops it
+    measured = [driver.measured(s) for s in sessions]
+    assert measured[0] == 4 and min(measured) >= 1  # one round each (the later ones shrunk), then it stops
+
+
+def test_first_rounds_that_cannot_all_fit_shrink_so_the_run_ends_by_its_deadline(monkeypatch):
+    # a fake clock: a step costs 2 s a candidate; 10 tasks with first rounds of 8 candidates need
+    # 160 s, the budget is 100 s. Every task is still reached (a task never reached runs naive), and
+    # the later first rounds measure fewer candidates so that the search, its verification (1 s a
+    # task) and the model's compile end by the deadline (before: first rounds were never cut: 170 s)
+    from types import SimpleNamespace
+
+    from stormdrop import driver
+
+    clock = [0.0]
+    monkeypatch.setattr(driver.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(driver, "verify_best", lambda session: clock.__setitem__(0, clock[0] + 1.0))
+    gateway = SimpleNamespace(candidate_s=lambda: (0.5, 0.5))
+    sessions = [_Session(math.inf) for _ in range(10)]
+    for s in sessions:
+        s.gateway = gateway
+    tuners = [_Tuner(s, batch=8) for s in sessions]
+    for t in tuners:
+        def timed(limit=None, step=t.step, t=t):
+            before = driver.measured(t.session)
+            step(limit)
+            clock[0] += 2.0 * (driver.measured(t.session) - before)
+
+        t.step = timed
+    stopped = driver.drive(tuners, sessions, [1] * 10, driver.Budget(deadline=100.0, builds_after=10))
+    assert stopped == "the time budget"
+    measured = [driver.measured(s) for s in sessions]
+    assert measured[0] == 8 and min(measured) >= 1 and sum(measured) < 10 * 8  # as measured: [8, 2, 3, ..., 3, 8]
+    assert clock[0] + 10 * 0.5 <= 100.0  # verified, and compiled (one 0.5-s build a task), by the deadline
+    assert driver.first_round_limit(3, [(10.0, 4)], 40.0) is None  # full rounds fit
+    assert driver.first_round_limit(3, [(10.0, 4)], 15.0) == 2
+    assert driver.first_round_limit(3, [(10.0, 4)], -5.0) == 1  # never fewer than one
