@@ -96,6 +96,47 @@ def meta_schedule_model(model: Any, target: Any, trials: int, seed: int, batch: 
     return fused, db, time.monotonic() - t0
 
 
+def meta_schedule_for(seconds: float, argv: list[str], work_dir: str) -> tuple[float, int, bool]:
+    """Run ``argv``, a process tuning with MetaSchedule into the JSON database in ``work_dir``, for at
+    most ``seconds`` (MetaSchedule has no time budget); then stop it and its builder and runner
+    workers, and drop the database lines the stop cut short (a tuning record whose workload line
+    went with them too). Returns (wall seconds, tuning records kept, whether it ended on its own)."""
+    import json
+    import signal
+
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, start_new_session=True)
+    try:
+        proc.wait(timeout=seconds)
+        finished = proc.returncode == 0
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        finished = False
+    wall = time.monotonic() - t0
+
+    def lines(name: str) -> list[str]:
+        path = os.path.join(work_dir, name)
+        if not os.path.exists(path):
+            return []
+        kept = []
+        with open(path) as f:
+            for line in f:
+                try:
+                    json.loads(line)
+                    kept.append(line.rstrip("\n"))
+                except ValueError:
+                    pass
+        return kept
+
+    workloads = lines("database_workload.json")
+    records = [r for r in lines("database_tuning_record.json") if json.loads(r)[0] < len(workloads)]
+    for name, kept in (("database_workload.json", workloads), ("database_tuning_record.json", records)):
+        with open(os.path.join(work_dir, name), "w") as f:
+            f.write("".join(x + "\n" for x in kept))
+    return wall, len(records), finished
+
+
 def run_meta_schedule(mod: Any, target: Any, trials: int, seed: int, post_opt: bool) -> dict:
     """``ms.tune_tir`` at ``trials`` in a fresh work dir; returns the best schedule's module.
 

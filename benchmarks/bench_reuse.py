@@ -7,8 +7,9 @@ the target is compiled five ways (six with ``--ms``), all timed in the same proc
 - (b) reuse only: ``--phases reuse`` with ``--reuse-from donor.db`` (transfer-tuning);
 - (c) reuse + raindrop: ``--phases reuse,raindrop`` (Droplet Search from the best transfer);
 - (d) storm + raindrop from scratch, ``--time-budget`` seconds;
-- (e) with ``--ms``: MetaSchedule's ``tune_relax`` on the same fused module, as many trials as (d)
-  measured (``--ms-trials N`` instead), compiled and timed as the others;
+- (e) with ``--ms``: MetaSchedule's ``tune_relax`` on the same fused module for (d)'s tuning
+  seconds (``--ms-seconds``; MetaSchedule has no time budget: it runs in a process of its own,
+  stopped then, its JSON database kept as far as it got), compiled and timed as the others;
 - ONNX Runtime (default graph optimizations, same threads) beside them.
 
 Printed: latencies, tuning seconds, and the fraction of (d)'s speedup over untuned that (b)
@@ -75,9 +76,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="with the --db-dir of an earlier run: keep its donor and (d) tunings (and their times, "
                         "from its tuning.json) and tune the reuse arms again")
     p.add_argument("--ms", action="store_true",
-                   help="also (e): MetaSchedule tune_relax on the same fused module with as many trials as (d) "
-                        "measured (its own time in the table)")
-    p.add_argument("--ms-trials", type=int, default=None, help="(e)'s trials instead of (d)'s count")
+                   help="also (e): MetaSchedule tune_relax on the same fused module for (d)'s tuning seconds")
+    p.add_argument("--ms-seconds", type=float, default=None, help="(e)'s wall time (default: (d)'s tuning seconds)")
+    p.add_argument("--ms-trials", type=int, default=None,
+                   help="(e)'s trial cap (default: 10x what (d) measured: the time stops it first)")
+    p.add_argument("--ms-only", default=None, help=argparse.SUPPRESS)  # (e)'s tuning process: this model into --db-dir
     p.add_argument("--ms-batch", type=int, default=16, help="(e)'s num_trials_per_iter (16: the storm's batch)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
@@ -156,17 +159,22 @@ def one_pair(donor: str, target_name: str, args: argparse.Namespace, target, db_
             kw["time_budget"] = share * out["scratch_tuning_s"]
         out[f"{key}_tuning_s"], out[f"{key}_wall_s"] = tuned(model, path, **kw)
     if args.ms:
-        from _peers import meta_schedule_model
+        from _peers import meta_schedule_for
 
         from stormdrop.database import Database
 
         with Database(os.path.join(db_dir, f"{target_name}_scratch.db")) as d:
-            trials = args.ms_trials or sum(len(d.records(w.workload_id)) for w in d.workloads())
+            measured = sum(len(d.records(w.workload_id)) for w in d.workloads())
         work_dir = os.path.join(db_dir, f"{target_name}_ms")
         shutil.rmtree(work_dir, ignore_errors=True)
-        t0 = time.monotonic()
-        _, _, out["ms_tuning_s"] = meta_schedule_model(model, target, trials, args.seed, args.ms_batch, None, work_dir)
-        out["ms_wall_s"], out["ms_trials"] = time.monotonic() - t0, trials
+        seconds = args.ms_seconds or out["scratch_tuning_s"]
+        trials = args.ms_trials or 10 * measured  # a cap the time stops it before
+        size = ["--seq-len", str(args.seq_len)] if args.seq_len else (
+            ["--resolution", str(args.resolution)] if args.resolution else [])
+        argv = [sys.executable, os.path.abspath(__file__), "--ms-only", target_name, "--db-dir", work_dir,
+                "--ms-trials", str(trials), "--ms-batch", str(args.ms_batch), "--seed", str(args.seed), *size]
+        wall, out["ms_trials"], out["ms_finished"] = meta_schedule_for(seconds, argv, work_dir)
+        out["ms_tuning_s"] = out["ms_wall_s"] = wall
     return out
 
 
@@ -264,6 +272,12 @@ def main(argv: list[str] | None = None) -> int:
 
     pin_threads(physical_cores())
     target = host_target()
+    if args.ms_only:  # (e)'s tuning, in a process of its own that meta_schedule_for stops at (e)'s time
+        from _peers import meta_schedule_model
+
+        meta_schedule_model(load(args.ms_only, args), target, args.ms_trials, args.seed, args.ms_batch, None,
+                            args.db_dir)
+        return 0
     pairs = [p.strip().split(":") for p in args.pairs.split(",") if p.strip()]
     if not args.retime:
         db_dir = args.db_dir or tempfile.mkdtemp(prefix="bench-reuse-")
@@ -284,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.db_dir:
         raise SystemExit("--retime needs the --db-dir of the run it times again")
     with open(args.retime) as f:
-        tuned_pairs = [{k: v for k, v in r.items() if k in ("donor", "target", "ms_trials") or k.endswith(("tuning_s", "wall_s"))}
+        tuned_pairs = [{k: v for k, v in r.items() if k in ("donor", "target", "ms_trials", "ms_finished") or k.endswith(("tuning_s", "wall_s"))}
                        for r in json.load(f)["pairs"]]
     command = " ".join(["benchmarks/bench_reuse.py", *sys.argv[1:]])
     results = []
@@ -315,6 +329,11 @@ def main(argv: list[str] | None = None) -> int:
              ms(r["scratch_s"]), f"{r['scratch_tuning_s']:.0f}", ms(r["onnxruntime_s"]),
              *(pct(r.get(f"{k}_fraction")) for k, _ in arms), *(pct(r.get(f"{k}_time_share")) for k, _ in arms)]
             for r in results]
+    e_note = "" if not args.ms else (
+        f"; (e) MetaSchedule tune_relax (num_trials_per_iter {args.ms_batch}) stopped after "
+        f"{f'{args.ms_seconds:.0f} s' if args.ms_seconds else 'the tuning seconds of (d)'}, its records: "
+        + ", ".join(f"{r.get('ms_trials')}{' (ended on its own)' if r.get('ms_finished') else ''}"
+                    for r in results))
     lines = ["", f"## Reuse, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- machine: {machine()}; target: `{canonical(target)}`", f"- command: `{command}`",
              f"- donors tuned with --time-budget {args.donor_budget or args.time_budget:.0f} s, (d) with "
@@ -322,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
              f"(b) up to {args.reuse} transfers{f' ({args.config})' if args.config else ''} "
              f"a task; (c) the same, then up to {args.raindrop_trials} raindrop trials a task"
              f"{f' (the costliest tasks more) under a time budget of {args.c_share:g} x (d)' if args.c_share else ''}"
-             f"{f'; (c0) (c) with {args.c0}' if args.c0 else ''}; s: tuning seconds as tune_model reports them "
+             f"{f'; (c0) (c) with {args.c0}' if args.c0 else ''}{e_note}; s: tuning seconds as tune_model reports them "
              "(extraction, search, verification, the model's compile; not the final timing); latencies in ms, "
              f"median of {args.rounds} rounds in which all peers take turns, in a fresh process after the tuning "
              "(`--retime`); (x) of (d)'s speedup = (untuned / x) / (untuned / d) = d / x", "",
