@@ -80,9 +80,6 @@ def meta_schedule_model(model: Any, target: Any, trials: int, seed: int, batch: 
     same lowering; ``tune_relax`` on the raw imported module finds no task: it expects legalized,
     fused primitive functions); its JSON database in ``work_dir``. Returns (the fused module, the
     database, tuning seconds: extraction and search)."""
-    import functools
-    import time
-
     import tvm.s_tir.meta_schedule as ms
 
     from stormdrop.model_tune import extract_tasks
@@ -115,25 +112,23 @@ def meta_schedule_for(seconds: float, argv: list[str], work_dir: str) -> tuple[f
         finished = False
     wall = time.monotonic() - t0
 
-    def lines(name: str) -> list[str]:
+    def lines(name: str) -> list[tuple[str, Any]]:  # (line, its JSON) of those whole
         path = os.path.join(work_dir, name)
-        if not os.path.exists(path):
-            return []
         kept = []
-        with open(path) as f:
-            for line in f:
-                try:
-                    json.loads(line)
-                    kept.append(line.rstrip("\n"))
-                except ValueError:
-                    pass
+        if os.path.exists(path):
+            with open(path) as f:
+                for line in f:
+                    try:
+                        kept.append((line.rstrip("\n"), json.loads(line)))
+                    except ValueError:
+                        pass
         return kept
 
     workloads = lines("database_workload.json")
-    records = [r for r in lines("database_tuning_record.json") if json.loads(r)[0] < len(workloads)]
+    records = [r for r in lines("database_tuning_record.json") if r[1][0] < len(workloads)]
     for name, kept in (("database_workload.json", workloads), ("database_tuning_record.json", records)):
         with open(os.path.join(work_dir, name), "w") as f:
-            f.write("".join(x + "\n" for x in kept))
+            f.write("".join(text + "\n" for text, _ in kept))
     return wall, len(records), finished
 
 

@@ -112,8 +112,8 @@ def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights:
         caps = [] if cap is None else [cap - used]  # --trials is a hard cap
         if states[i].rounds == 0 and math.isfinite(budget.deadline):
             left = budget.deadline - time.monotonic() - finishing_s(sessions, steps, budget.builds_after)
-            first = first_round_limit(waiting(), first_rounds, left)
-            caps += [first] if first else []
+            shrunk = first_round_limit(waiting(), first_rounds, left)
+            caps += [shrunk] if shrunk else []
         return min(caps, default=None)
 
     while not (stopped_by := budget.spent(used, reserve_s())):
