@@ -10,7 +10,7 @@ import pytest
 import tvm
 from test_model import tiny_net
 
-from stormdrop import _tvm, _worker
+from stormdrop import _nvrtc, _worker
 from stormdrop.model_tune import extract_tasks
 from stormdrop.space import DecisionSpace
 from stormdrop.storm import Storm, StormConfig
@@ -28,7 +28,7 @@ def _device_sms(mod, target) -> set[int]:
     source: the library TVM exports holds only source, compiled when a GPU loads it)."""
     lib = tvm.build(mod, target=target)
     arch = str(target.attrs["arch"])
-    return {_tvm.cubin_sm(_tvm.cuda_cubin(m.inspect_source(), arch)) for m in lib.imports if m.kind == "cuda"}
+    return {_nvrtc.cubin_sm(_nvrtc.cuda_cubin(m.inspect_source(), arch)) for m in lib.imports if m.kind == "cuda"}
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -73,22 +73,22 @@ def test_a_cuda_kernel_that_does_not_compile_fails_its_build_on_the_host():
 
 def test_headers_nvrtc_cannot_compile_with_are_passed_over(tmp_path, monkeypatch):
     # e.g. a GPU machine's torch install: CUDA runtime headers without the cccl folder they need
-    good_root = _tvm.cuda_headers()[0]
+    good_root = _nvrtc.cuda_headers()[0]
     bare = tmp_path / "cuda" / "include"
     bare.mkdir(parents=True)
     for f in (os.path.join(good_root, "include", n) for n in os.listdir(os.path.join(good_root, "include"))):
         if os.path.isfile(f):
             (bare / os.path.basename(f)).symlink_to(f)
-    _tvm.cuda_headers.cache_clear()
+    _nvrtc.cuda_headers.cache_clear()
     try:
-        monkeypatch.setattr(_tvm, "_cuda_roots", lambda: [str(bare.parent), good_root])
-        assert _tvm.cuda_headers()[0] == good_root
-        _tvm.cuda_headers.cache_clear()
-        monkeypatch.setattr(_tvm, "_cuda_roots", lambda: [str(bare.parent)])
+        monkeypatch.setattr(_nvrtc, "_cuda_roots", lambda: [str(bare.parent), good_root])
+        assert _nvrtc.cuda_headers()[0] == good_root
+        _nvrtc.cuda_headers.cache_clear()
+        monkeypatch.setattr(_nvrtc, "_cuda_roots", lambda: [str(bare.parent)])
         with pytest.raises(RuntimeError, match="(?s)no CUDA headers NVRTC compiles with.*cuda/std"):
-            _tvm.cuda_headers()
+            _nvrtc.cuda_headers()
     finally:
-        _tvm.cuda_headers.cache_clear()
+        _nvrtc.cuda_headers.cache_clear()
 
 
 def test_a_models_tasks_extract_for_cuda_without_cpu_weight_packing(tmp_path):

@@ -108,16 +108,16 @@ def _check_cuda(lib: Any, target: Any) -> int | None:
     """Compile the library's CUDA source for the target's arch (as the GPU's runtime will when it
     loads it): a candidate that does not compile fails here, on the host. Returns the cubin's
     size; None (no check) without the `cuda` extra's NVRTC and headers."""
-    from . import _tvm
+    from . import _nvrtc
 
     try:
         import cuda.bindings.nvrtc  # noqa: F401
 
-        _tvm.cuda_headers()
+        _nvrtc.cuda_headers()
     except (ImportError, RuntimeError):  # no NVRTC or no headers: the GPU's runtime compiles it
         return None
     arch = str(target.attrs.get("arch", ""))
-    return sum(len(_tvm.cuda_cubin(m.inspect_source(), arch)) for m in lib.imports if m.kind == "cuda")
+    return sum(len(_nvrtc.cuda_cubin(m.inspect_source(), arch)) for m in lib.imports if m.kind == "cuda")
 
 
 class DeviceLost(RuntimeError):

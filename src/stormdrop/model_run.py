@@ -69,8 +69,8 @@ def apply_records(fused: tvm.IRModule, mdb: Any, target: Target) -> tvm.IRModule
     with target, mdb, tvm.transform.PassContext(opt_level=3):
         mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(fused)
         if prepack_weights(target):
-            mod = tvm.transform.Sequential([relax.transform.SplitLayoutRewritePreproc(),
-                                            relax.transform.FoldConstant()])(mod)
+            mod = relax.transform.SplitLayoutRewritePreproc()(mod)
+            mod = relax.transform.FoldConstant()(_tvm.fold_weight_prepacks(mod))
     return mod
 
 

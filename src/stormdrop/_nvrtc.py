@@ -1,0 +1,89 @@
+"""CUDA sources compiled to cubins on the host, with NVRTC: a rough edge of TVM 0.27 worked around.
+
+``tvm.build`` for CUDA stores the kernels' CUDA *source* (format ``cuda``); it is compiled
+only when a GPU's runtime loads the library. A CPU-only host never learnt whether a candidate
+compiles at all, and the tests' "device code" was source. TVM's NVRTC path
+(``tvm.support.nvcc.compile_cuda``) also finds headers only in a toolkit's layout (CUDA_PATH,
+or nvcc's folder, where it does not see through a wrapper script such as /usr/local/bin/nvcc
+here), not in NVIDIA's pip packages (``nvidia/cu13/include`` and its ``cccl``); and NVRTC 12
+fails on CUDA 13's headers. ``cuda_cubin`` compiles a source to a cubin with the `cuda`
+extra's NVRTC and headers (same version), or a toolkit's; the builder checks every CUDA
+candidate with it (a source that does not compile is a build error, on the host).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import re
+import shutil
+
+CUDA_EM_MACHINE = 190  # ELF e_machine of NVIDIA's cubins
+
+
+_NVRTC_PROBE = ('#include <cuda/std/cstdint>\n#include <cuda_fp16.h>\n'
+                 'extern "C" __global__ void probe(half* x) { x[0] = __float2half(1.0f); }\n')
+
+
+def _cuda_roots() -> list[str]:
+    """Folders that may hold include/cuda_runtime.h: the `cuda` extra's pip packages (nvidia/cu13,
+    versions pinned with its NVRTC) first, then CUDA_PATH, /usr/local/cuda and nvcc's toolkit."""
+    roots = []
+    spec = importlib.util.find_spec("nvidia")
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        roots += sorted(os.path.join(base, n) for n in os.listdir(base) if re.fullmatch(r"cu\d+|cuda_runtime", n))
+    nvcc_bin = shutil.which("nvcc")
+    roots += [os.environ.get("CUDA_PATH", ""), "/usr/local/cuda",
+              os.path.dirname(os.path.dirname(nvcc_bin)) if nvcc_bin else ""]
+    return list(dict.fromkeys(r for r in roots if r and os.path.isfile(os.path.join(r, "include", "cuda_runtime.h"))))
+
+
+@functools.cache
+def cuda_headers() -> tuple[str, tuple[str, ...]]:
+    """(CUDA root, extra include folders) with which this process's NVRTC compiles a kernel that
+    includes what TVM's CUDA code includes (cuda/std, cuda_fp16.h): the first of ``_cuda_roots``
+    that does. A machine's headers may not suit its NVRTC (CUDA 13 headers need 13's NVRTC and the
+    cccl folder; a torch install may bring runtime headers without cccl), so each is tried once.
+    RuntimeError, with every root's reason, when none compiles."""
+    tried = []
+    for root in _cuda_roots():
+        includes = tuple(p for p in (os.path.join(root, "include", "cccl"),) if os.path.isdir(p))
+        try:
+            _nvrtc_cubin(_NVRTC_PROBE, "sm_80", root, includes)
+            return root, includes
+        except Exception as err:  # noqa: BLE001 - NVRTC's errors are RuntimeErrors, a broken install anything
+            tried.append(f"{root}: {str(err).strip()[-300:]}")
+    raise RuntimeError("no CUDA headers NVRTC compiles with (pip install 'stormdrop[cuda]', or set CUDA_PATH "
+                       "to a toolkit)" + (": " + " | ".join(tried) if tried else ""))
+
+
+def _nvrtc_cubin(source: str, arch: str, root: str, includes: tuple[str, ...]) -> bytes:
+    from tvm.support import nvcc
+
+    before = os.environ.get("CUDA_PATH")
+    os.environ["CUDA_PATH"] = root  # where compile_cuda looks for include/ (see the module's notes)
+    try:
+        return bytes(nvcc.compile_cuda(source, target_format="cubin", arch=arch, compiler="nvrtc",
+                                       options=[f"-I{p}" for p in includes]))
+    finally:
+        if before is None:
+            del os.environ["CUDA_PATH"]
+        else:
+            os.environ["CUDA_PATH"] = before
+
+
+def cuda_cubin(source: str, arch: str) -> bytes:
+    """``source`` (a CUDA module's, from ``tvm.build``) compiled by NVRTC to a cubin for ``arch``."""
+    return _nvrtc_cubin(source, arch, *cuda_headers())
+
+
+def cubin_sm(cubin: bytes) -> int:
+    """The SM version a cubin's machine code is for (ELF e_flags), e.g. 90; ValueError if not a cubin."""
+    import struct
+
+    if cubin[:4] != b"\x7fELF" or struct.unpack_from("<H", cubin, 18)[0] != CUDA_EM_MACHINE:
+        raise ValueError("not a CUDA cubin")
+    flags = struct.unpack_from("<I", cubin, 48)[0]
+    # CUDA 13's cubins keep the SM in bits 8-15 (e.g. 0x6005a04 for sm_90); older ones in bits 0-7
+    return (flags >> 8) & 0xFF if flags >> 24 else flags & 0xFF
