@@ -178,6 +178,27 @@ def test_reuse_then_raindrop_where_no_donor_exists_starts_from_storm_samples(tmp
     assert task.verified and task.latency_s > 0
 
 
+def test_an_extension_without_a_storm_phase_starts_with_storm_samples(tmp_path, donor_db):
+    """Under --phases reuse,raindrop a task given more time (``extend``: a time budget with time left)
+    first measures --reuse's count of storm samples, then a raindrop from the best of everything: a
+    raindrop again from the same best mostly converged at once, so the extension measured nothing."""
+    from stormdrop.measure import Gateway, MeasureConfig
+    from stormdrop.tune import TaskSession, TaskTuner
+
+    with Database(tmp_path / "ext.db") as db, Database(donor_db) as donors, \
+            Gateway(host_target(), MeasureConfig(repeat=2, min_repeat_ms=1)) as gw:
+        session = TaskSession(db, gw, parse_kernel("matmul:M=48,N=80,K=64"), host_target(), seed=0)
+        tuner = TaskTuner(session, trials=8, exploit_trials=4, reuse=3, phases=(Phase.REUSE, Phase.RAINDROP),
+                          donor_dbs=[donors])
+        while tuner.step():
+            pass
+        first = dict(session.result.trials)
+        assert first["storm"] == 0 and first["reuse"] >= 1  # a transfer started the raindrop
+        tuner.extend(16, 16)
+        tuner.step()
+        assert session.result.trials["storm"] == 3 and session.result.trials["raindrop"] == first["raindrop"]
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--phases", "raindrop,storm"], "--phases: a comma list of reuse, storm, raindrop in that order"),
     (["--phases", "drizzle"], "--phases"),

@@ -70,10 +70,12 @@ def measured(session: TaskSession) -> int:
     return t["reuse"] + t["storm"] + t["raindrop"]
 
 
-def most_costly(states: list[TaskState], exhausted: set[int]) -> int | None:
-    """The task with the largest weight x best latency that can still find something new."""
+def most_costly(states: list[TaskState], exhausted: set[int], extensions: dict[int, int] | None = None) -> int | None:
+    """The task with the largest weight x best latency, over one more than the extensions it had
+    (``extensions``: so that one task does not take every extension), that can still find something new."""
+    n = extensions or {}
     live = [i for i, t in enumerate(states) if i not in exhausted and math.isfinite(t.best)]
-    return max(live, key=lambda i: states[i].weight * states[i].best, default=None)
+    return max(live, key=lambda i: states[i].weight * states[i].best / (1 + n.get(i, 0)), default=None)
 
 
 def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights: Sequence[int], budget: Budget, *,
@@ -95,6 +97,7 @@ def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights:
             sched.tell(i, session.best)
     exhausted: set[int] = set()
     extended: dict[int, int] = {}
+    extensions: dict[int, int] = {}  # how many each task had
     steps: list[float] = []  # wall seconds of each step
     first_rounds: list[tuple[float, int]] = []  # (seconds, candidates) of the tasks' first rounds
     cap = budget.trials
@@ -121,8 +124,9 @@ def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights:
         if i is None and budget.extend:
             # the per-task cap is a default, not a reason to stop with time left: the
             # task with the largest weight x latency gets another storm round + raindrop
-            i = most_costly(states, exhausted)
+            i = most_costly(states, exhausted, extensions)
             if i is not None:
+                extensions[i] = extensions.get(i, 0) + 1
                 batch = (storm or StormConfig()).batch_size
                 tuners[i].extend(batch, batch)
                 states[i].finished = False

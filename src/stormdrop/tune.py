@@ -229,6 +229,7 @@ class TaskTuner:
         self.drop: Raindrop | None = None
         self.done = False
         self.rounds = 0
+        self.extensions = 0  # more budget after it was done (extend)
         self.retried = False  # stored retryable failures measured once more, before anything new
 
     @property
@@ -251,9 +252,9 @@ class TaskTuner:
                 return True
         if self.stand_in and self.drop is None:
             trials, self.stand_in = self.stand_in, 0
-            if not self.task.db.best(self.task.entry.workload_id, self.task.target_key, k=1):
-                log.info("%s: no transfer to start the raindrop from: %d storm samples instead",
-                         self.task.kernel.name, trials)
+            if self.extensions or not self.task.db.best(self.task.entry.workload_id, self.task.target_key, k=1):
+                log.info("%s: %s: %d storm samples", self.task.kernel.name,
+                         "extended" if self.extensions else "no transfer to start the raindrop from", trials)
                 self.storm.close()
                 self.storm = self._start_storm(trials)
         if self.drop is None:
@@ -285,8 +286,13 @@ class TaskTuner:
         everything measured so far), then a raindrop from the best schedule then."""
         if not self.done:
             self.finish()
+        self.extensions += 1
         self.trials += storm_trials if Phase.STORM in self.phases else 0
         self.exploit_trials += exploit_trials if Phase.RAINDROP in self.phases else 0
+        if Phase.RAINDROP in self.phases and Phase.STORM not in self.phases:
+            # no storm to widen the search (a raindrop again from the same best mostly converges at
+            # once): a few storm samples, then the raindrop from the best of everything
+            self.stand_in = max(1, self.reuse_donors)
         self.storm = self.drop = None
         self.done = False
 
