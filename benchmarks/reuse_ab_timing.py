@@ -31,7 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     pin_threads(physical_cores())
     from stormdrop.database import Database
     from stormdrop.model_bench import tuned_build
-    from stormdrop.model_run import interleaved, model_timer, num_cores, onnxruntime_timer, random_inputs
+    from stormdrop.model_run import (
+        interleaved,
+        model_timer,
+        num_cores,
+        onnxruntime_timer,
+        random_inputs,
+    )
     from stormdrop.target import canonical
     from stormdrop.workloads.models import load_model
 
