@@ -53,6 +53,19 @@ def test_the_warm_up_counts_in_the_time_kept_for_a_candidate_only_until_others_a
         assert gw.candidate_s() == (s["builder_s"] / 2, s["run_s"] / 2)
 
 
+def test_one_batch_measures_the_candidates_of_several_workloads_each_against_its_own_reference(gateway, kernel):
+    # verification measures every task's best in one batch: each candidate is checked against the
+    # reference of its own workload (an elementwise product is right as itself, wrong as a matmul)
+    product = _variant(lambda A, B, n: te.compute((n, n), lambda i, j: A[i, j] * B[i, j], name="C"))
+    gateway.prepare("product", product)
+    right = gateway.measure([KEY, "product"], [kernel.mod, product])
+    swapped = gateway.measure(["product", KEY], [kernel.mod, product])
+    assert [r.ok for r in right] == [True, True]
+    assert [r.error for r in swapped] == [ErrorKind.WRONG_RESULT, ErrorKind.WRONG_RESULT]
+    build, run = gateway.candidate_s()  # two builders build side by side, the runs take turns
+    assert gateway.batch_s(3) == pytest.approx(-(-3 // len(gateway._builders)) * build + 3 * run)
+
+
 def test_a_wrong_result_is_a_typed_failure(gateway):
     wrong = _variant(lambda A, B, n: te.compute((n, n), lambda i, j: A[i, j] * B[i, j], name="C"))
     (r,) = gateway.measure(KEY, [wrong])

@@ -98,12 +98,19 @@ class _Session:
         return {}
 
 
+def _one_builder(build_s, run_s):
+    """A gateway's time estimates with one builder: a batch of n candidates takes n builds and n runs."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(candidate_s=lambda: (build_s, run_s), batch_s=lambda n: n * (build_s + run_s))
+
+
 def test_a_resumed_drive_goes_on_with_the_tasks_an_earlier_run_never_reached(monkeypatch):
     # tasks 0 and 1 were measured by a killed run (finite best, 8 trials spent); task 2 never was.
     # With 4 trials left, the resumed run must give them to task 2, not restart the warm-up at task 0
     from stormdrop import driver
 
-    monkeypatch.setattr(driver, "verify_best", lambda session: None)
+    monkeypatch.setattr(driver, "verify_bests", lambda sessions: None)
     sessions = [_Session(2e-3), _Session(3e-3), _Session(math.inf)]
     tuners = [_Tuner(s) for s in sessions]
     stopped = driver.drive(tuners, sessions, [1, 1, 1], driver.Budget(trials=12), used=8)
@@ -116,18 +123,16 @@ def test_a_time_budget_covers_the_verification_and_compile_after_the_search(monk
     # tasks are verified (10 s each) and the model is compiled (one 5-s build a task) after the
     # search, so a 100-s budget leaves the search until about 100 - 10 - 30 - 15 = 45 s (was: 100 s,
     # and the run ended at 145 s)
-    from types import SimpleNamespace
-
     from stormdrop import driver
 
     clock = [0.0]
     monkeypatch.setattr(driver.time, "monotonic", lambda: clock[0])
-    gateway = SimpleNamespace(candidate_s=lambda: (5.0, 5.0))
+    gateway = _one_builder(5.0, 5.0)
 
-    def verify(session):
-        clock[0] += 10.0
+    def verify(sessions):
+        clock[0] += 10.0 * len(sessions)
 
-    monkeypatch.setattr(driver, "verify_best", verify)
+    monkeypatch.setattr(driver, "verify_bests", verify)
     sessions = [_Session(math.inf) for _ in range(3)]
     for s in sessions:
         s.gateway = gateway
@@ -151,14 +156,12 @@ def test_a_time_budget_reaches_every_task_before_its_reserve_stops_the_search(mo
     # (60 s: as when a first batch's wall time counted the builders' start-up). The reserve for
     # verifying and compiling afterwards then exceeds the whole budget; still every task gets its
     # first round (a task never reached runs as a naive loop nest) before the search stops
-    from types import SimpleNamespace
-
     from stormdrop import driver
 
     clock = [0.0]
     monkeypatch.setattr(driver.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(driver, "verify_best", lambda session: None)
-    gateway = SimpleNamespace(candidate_s=lambda: (30.0, 30.0))
+    monkeypatch.setattr(driver, "verify_bests", lambda sessions: None)
+    gateway = _one_builder(30.0, 30.0)
     sessions = [_Session(math.inf) for _ in range(5)]
     for s in sessions:
         s.gateway = gateway
@@ -180,14 +183,12 @@ def test_first_rounds_that_cannot_all_fit_shrink_so_the_run_ends_by_its_deadline
     # 160 s, the budget is 100 s. Every task is still reached (a task never reached runs naive), and
     # the later first rounds measure fewer candidates so that the search, its verification (1 s a
     # task) and the model's compile end by the deadline (before: first rounds were never cut: 170 s)
-    from types import SimpleNamespace
-
     from stormdrop import driver
 
     clock = [0.0]
     monkeypatch.setattr(driver.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(driver, "verify_best", lambda session: clock.__setitem__(0, clock[0] + 1.0))
-    gateway = SimpleNamespace(candidate_s=lambda: (0.5, 0.5))
+    monkeypatch.setattr(driver, "verify_bests", lambda sessions: clock.__setitem__(0, clock[0] + len(sessions)))
+    gateway = _one_builder(0.5, 0.5)
     sessions = [_Session(math.inf) for _ in range(10)]
     for s in sessions:
         s.gateway = gateway

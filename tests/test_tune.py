@@ -167,12 +167,13 @@ class _ScriptedGateway:
     """A gateway that answers from a script of results (no build, no run)."""
 
     def __init__(self, results):
-        self.results, self.calls = list(results), 0
+        self.results, self.calls, self.batches = list(results), 0, []
 
     def prepare(self, key, mod, seed=0):
         pass
 
     def measure(self, key, mods, on_result=None):
+        self.batches.append(len(mods))
         out = []
         for i, _ in enumerate(mods):
             self.calls += 1
@@ -251,7 +252,8 @@ def test_verification_falls_back_re_measures_and_is_never_claimed_unchecked(tmp_
     from stormdrop.measure import MeasureConfig
     from stormdrop.records import MeasureResult
     from stormdrop.space import Candidate
-    from stormdrop.tune import TaskSession, verify_best
+    from stormdrop.tune import TaskSession
+    from stormdrop.verify import verify_bests
     from stormdrop.workloads import Kernel
 
     mod = matmul_mod()
@@ -262,7 +264,7 @@ def test_verification_falls_back_re_measures_and_is_never_claimed_unchecked(tmp_
         TaskSession(db, _ScriptedGateway([ok(1e-3), ok(2e-3), ok(3e-3)]), kernel, TARGET, 0).evaluate(cands)
         check = _ScriptedGateway([MeasureResult.failure(ErrorKind.WRONG_RESULT, "differs"), ok(2.5e-3)])
         session = TaskSession(db, check, kernel, TARGET, 0)
-        verify_best(session)
+        verify_bests([session])
         assert session.result.verified and session.result.fallbacks == 1
         assert session.result.latency_s == pytest.approx(2.5e-3)  # re-measured, not the stored 2e-3
         records = db.records(db.find_workload(mod).workload_id)
@@ -274,14 +276,40 @@ def test_verification_falls_back_re_measures_and_is_never_claimed_unchecked(tmp_
         # a timeout may not happen again: the record is tried, passed over, and kept as it was
         flaky = _ScriptedGateway([MeasureResult.failure(ErrorKind.RUN_TIMEOUT, "busy"), ok(3.1e-3)])
         session = TaskSession(db, flaky, kernel, TARGET, 0)
-        verify_best(session)
+        verify_bests([session])
         assert session.result.fallbacks == 1 and session.result.trace_json == records[2].trace_json
         assert db.records(records[1].workload_id)[1].result.ok
         unchecked = _ScriptedGateway([ok(1.1e-3)])
         unchecked.config = MeasureConfig(check_correctness=False)
         session = TaskSession(db, unchecked, kernel, TARGET, 0)
-        verify_best(session)
+        verify_bests([session])
         assert not session.result.verified and session.result.latency_s == pytest.approx(1.1e-3)
+
+
+def test_the_tasks_of_a_gateway_are_verified_together_each_falling_back_alone(tmp_path, traces):
+    """One batch a round: both tasks' bests are built side by side; the task whose best fails
+    (a wrong result) tries its next record in a second round, the other is done."""
+    from dbutil import TARGET, matmul_mod
+
+    from stormdrop.records import MeasureResult
+    from stormdrop.space import Candidate
+    from stormdrop.tune import TaskSession
+    from stormdrop.verify import verify_bests
+    from stormdrop.workloads import Kernel
+
+    mod = matmul_mod()
+    kernel = Kernel("matmul_128", "matmul_128", "matmul", mod, 2 * 128**3)
+    cands = [Candidate.from_schedule(_tvm.schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:2]]
+    ok = lambda s: MeasureResult(run_secs=(s, s))  # noqa: E731
+    with Database(tmp_path / "a.db") as a, Database(tmp_path / "b.db") as b:
+        for db in (a, b):
+            TaskSession(db, _ScriptedGateway([ok(1e-3), ok(2e-3)]), kernel, TARGET, 0).evaluate(cands)
+        check = _ScriptedGateway([MeasureResult.failure(ErrorKind.WRONG_RESULT, "differs"), ok(1.5e-3), ok(2.5e-3)])
+        tasks = [TaskSession(db, check, kernel, TARGET, 0) for db in (a, b)]
+        verify_bests(tasks)
+        assert check.batches == [2, 1]
+        assert [t.result.fallbacks for t in tasks] == [1, 0] and all(t.result.verified for t in tasks)
+        assert [t.result.latency_s for t in tasks] == [pytest.approx(2.5e-3), pytest.approx(1.5e-3)]
 
 
 def test_one_sample_per_candidate_is_refused_whenever_a_raindrop_would_run(tmp_path):

@@ -16,30 +16,26 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any
 
 import tvm
 from tvm.target import Target
 
-from . import _tvm
 from .errors import MeasureError, one_line
 from .memory import process_rss_mb, runner_memory_limit_mb
 from .records import ErrorKind, MeasureResult
 from .target import canonical, physical_cores
 from .timing_lock import timing
 from .tracker import devices_to_start, free_devices
+from .workers import DeviceGone, Runner, Worker
 
 log = logging.getLogger("stormdrop")
 
@@ -84,106 +80,6 @@ class MeasureConfig:
         return dataclasses.replace(self, cache_flush=bool(self.cache_flush))
 
 
-class _Worker:
-    """A persistent child process serving requests over a pipe."""
-
-    def __init__(self, role: str, target_json: str, rpc: dict | None) -> None:
-        self.role, self.target_json, self.rpc = role, target_json, rpc
-        self.proc: Any = None
-        self.conn: Any = None
-        self.started_at = 0.0
-        self.generation = 0  # bumped on every (re)start: a new process holds no state
-        self.jobs = 0  # jobs this process did (its first pays its warm-up)
-
-    def start(self) -> None:
-        # A plain subprocess, not multiprocessing's spawn: spawn re-imports the
-        # user's __main__ module, which breaks scripts without a main guard.
-        parent, child = socket.socketpair()
-        fd = child.fileno()
-        cmd = [sys.executable, "-m", "stormdrop._worker", str(fd), self.role, self.target_json,
-               json.dumps(self.rpc)]
-        env = dict(os.environ)
-        if self.role == "runner":  # timed on the target's cores, not TVM's default half (see _tvm)
-            _tvm.runtime_threads_env(int(json.loads(self.target_json).get("num-cores", 0)), env)
-        src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-        self.proc = subprocess.Popen(cmd, pass_fds=(fd,), env=env, stdin=subprocess.DEVNULL)
-        child.close()
-        self.conn = Connection(parent.detach())
-        self.generation, self.jobs = self.generation + 1, 0
-
-    def ensure(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            self.start()
-
-    def send(self, command: str, payload: tuple) -> None:
-        self.ensure()
-        self.conn.send((command, payload))
-        self.started_at = time.monotonic()
-
-    def receive(self) -> tuple[str, Any]:
-        try:
-            return self.conn.recv()
-        except (EOFError, OSError):
-            code = self.proc.poll() if self.proc is not None else None
-            self.kill()
-            return ("crash", f"worker died (exit code {code})")
-
-    def call(self, command: str, payload: tuple, timeout: float) -> tuple[str, Any]:
-        self.send(command, payload)
-        if not self.conn.poll(timeout):
-            self.kill()
-            return ("timeout", f"no answer within {timeout:.0f} s")
-        return self.receive()
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
-        self.proc = None
-        if self.conn is not None:
-            self.conn.close()
-        self.conn = None
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                self.conn.send(("stop", ()))
-                self.proc.wait(2)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        self.kill()
-
-
-class DeviceGone(MeasureError):
-    """An RPC device that could not be reached again (the worker's ``DeviceLost``)."""
-
-
-class _Runner:
-    """A runner worker and the workloads whose inputs and reference outputs it holds."""
-
-    def __init__(self, worker: _Worker, joined: bool = False) -> None:
-        self.worker = worker
-        self.references: set[str] = set()
-        self.generation = 0
-        self.joined = joined  # a device that joined mid-run: one that fails its set-up is left out
-
-    def ensure_reference(self, key: str, workload: tuple[str, int], run_timeout_s: float) -> None:
-        self.worker.ensure()
-        if self.worker.generation != self.generation:  # restarted: references are gone
-            self.references.clear()
-            self.generation = self.worker.generation
-        if key in self.references:
-            return
-        status, value = self.worker.call("reference", (key, *workload), timeout=max(600.0, run_timeout_s))
-        if status == "lost" or (status != "ok" and self.joined and self.generation == 1 and not self.references):
-            raise DeviceGone(one_line(value))  # (a joined device taken by another meanwhile, say)
-        if status != "ok":
-            reason = one_line(value) if str(value).strip() else status
-            raise MeasureError(f"cannot compute the reference output of {key}: {reason}")
-        self.references.add(key)
-
-
 class Gateway:
     """Builds and runs candidates for one target; see the module docstring."""
 
@@ -192,9 +88,9 @@ class Gateway:
         self.config = config or MeasureConfig()
         tjson = canonical(target)
         n = self.config.builders or physical_cores()
-        self._builders = [_Worker("builder", tjson, None) for _ in range(max(1, n))]
+        self._builders = [Worker("builder", tjson, None) for _ in range(max(1, n))]
         devices = 1 if self.config.rpc is None else devices_to_start(self.config.rpc, self.config.rpc_devices)
-        self._runners = [_Runner(_Worker("runner", tjson, self.config.rpc)) for _ in range(devices)]
+        self._runners = [Runner(Worker("runner", tjson, self.config.rpc)) for _ in range(devices)]
         self._looked = time.monotonic()  # when the tracker was last asked for free devices
         self._workdir = tempfile.mkdtemp(prefix="stormdrop-")
         self._workloads: dict[str, tuple[str, int]] = {}
@@ -210,14 +106,16 @@ class Gateway:
         self._workloads.setdefault(key, (tvm.ir.save_json(workload), seed))
         self._runners[0].ensure_reference(key, self._workloads[key], self.config.device_timeout_s)
 
-    def measure(self, key: str, mods: list[tvm.IRModule],
+    def measure(self, key: str | Sequence[str], mods: list[tvm.IRModule],
                 on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:
-        """Build all ``mods`` (scheduled versions of workload ``key``), then time each.
+        """Build all ``mods`` (scheduled versions of workload ``key``, or of one key each: several
+        tasks' candidates share the builders), then time each.
 
         ``on_result(i, result)`` hears each result as soon as it is known (a build failure as
         its build ends, each run as it ends), so a caller can commit it at once: a kill then
         loses only the candidates still in flight, not the whole batch.
         """
+        keys = [key] * len(mods) if isinstance(key, str) else list(key)
         self._join_free_devices()  # before the builds: a new runner starts up meanwhile
         built = self._build_all(mods, on_result)
         t1 = time.monotonic()
@@ -226,11 +124,11 @@ class Gateway:
             if len(self._runners) == 1:
                 for i, b in enumerate(built):
                     if results[i] is None:
-                        results[i] = self._run(key, b)
+                        results[i] = self._run(keys[i], b)
                         if on_result is not None:
                             on_result(i, results[i])
             else:
-                self._run_parallel(key, built, results, on_result)
+                self._run_parallel(keys, built, results, on_result)
         finally:
             first = "" if self.stats["measured"] or self.stats["first_measured"] else "first_"
             self.stats[first + "run_s"] += time.monotonic() - t1
@@ -249,7 +147,7 @@ class Gateway:
         if cap > 0:
             room = min(room, cap - len(self._runners))
         for _ in range(max(0, room)):
-            runner = _Runner(_Worker("runner", canonical(self.target), {**rpc, "join": True}), joined=True)
+            runner = Runner(Worker("runner", canonical(self.target), {**rpc, "join": True}), joined=True)
             runner.worker.start()
             self._runners.append(runner)
         if room > 0:
@@ -265,12 +163,18 @@ class Gateway:
         mean = lambda t, n: s[t] / s[n] if s[n] else s["first_" + t] / max(s["first_" + n], 1)  # noqa: E731
         return mean("builder_s", "built"), mean("run_s", "measured")
 
+    def batch_s(self, n: int) -> float:
+        """Wall seconds to measure ``n`` candidates in one batch (``candidate_s``): the builders
+        build them side by side, then each is timed alone."""
+        build, run = self.candidate_s()
+        return -(-n // len(self._builders)) * build + n * run
+
     def _build_all(self, mods: list[tvm.IRModule],
                    on_failure: Callable[[int, MeasureResult], None] | None = None) -> list[dict | MeasureResult]:
         """Every module built (a library's paths) or its failure, told to ``on_failure`` as it ends."""
         out: list[dict | MeasureResult] = [MeasureResult.failure(ErrorKind.BUILD_ERROR, "not built")] * len(mods)
         pending = list(range(len(mods)))
-        busy: dict[int, tuple[_Worker, int]] = {}  # id(conn) -> (worker, job)
+        busy: dict[int, tuple[Worker, int]] = {}  # id(conn) -> (worker, job)
         idle = list(self._builders)
         timeout = self.config.build_timeout_s
         while pending or busy:
@@ -320,7 +224,7 @@ class Gateway:
         self._recycle_if_grown(runner)
         return self._result(status, value, built)
 
-    def _recycle_if_grown(self, runner: _Runner) -> None:
+    def _recycle_if_grown(self, runner: Runner) -> None:
         """Restart a local runner that has grown past its memory limit (candidate libraries leak
         memory in TVM, see ``_tvm``); its inputs and references are made again on the next run."""
         proc = runner.worker.proc
@@ -333,7 +237,7 @@ class Gateway:
             runner.worker.stop()
             self.stats["runner_restarts"] += 1
 
-    def _run_parallel(self, key: str, built: list, results: list,
+    def _run_parallel(self, keys: list[str], built: list, results: list,
                       on_result: Callable[[int, MeasureResult], None] | None) -> None:
         """Time on every RPC device at once: each idle device takes the next candidate."""
         pending = [i for i, r in enumerate(results) if r is None]
@@ -344,11 +248,11 @@ class Gateway:
             while pending and idle:
                 runner, job = idle.pop(), pending.pop(0)
                 try:
-                    runner.ensure_reference(key, self._workloads[key], timeout)
+                    runner.ensure_reference(keys[job], self._workloads[keys[job]], timeout)
                 except DeviceGone as err:
                     done.append((runner, job, "lost", str(err)))
                     continue
-                runner.worker.send("run", self._run_payload(key, built[job]))
+                runner.worker.send("run", self._run_payload(keys[job], built[job]))
                 busy[id(runner.worker.conn)] = (runner, job)
             for conn in wait([r.worker.conn for r, _ in busy.values()], timeout=0.5):
                 runner, job = busy.pop(id(conn))

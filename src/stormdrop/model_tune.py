@@ -208,7 +208,7 @@ def model_compiles(in_model_candidates: int) -> int:
 
 
 def ranked_candidates(session: TaskSession, k: int) -> list[Deployable]:
-    """The task's best record as verified after tuning (``verify_best``), then the next records
+    """The task's best record as verified after tuning (``verify_bests``), then the next records
     by stored time, ``k`` in all. Records ranked above the verified one failed verification
     and are never candidates."""
     if not session.result.trace_json:

@@ -3,8 +3,8 @@
 The loop asks a phase for candidates, looks each one up in the database (a
 schedule already measured is never measured again, which is also how a killed
 run resumes), measures the rest through the gateway, commits each record, and
-tells the phase. It ends with the best record re-built from its stored trace
-and checked against the reference: only a verified kernel is reported.
+tells the phase. Then the best record is re-built from its stored trace and
+checked against the reference (``verify``): only a verified kernel is reported.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class TaskSession:
                 todo.append(i)
                 if rec is not None:  # a retryable failure (run timeout, runner crash): measured once more
                     retry[i] = rec
-        versions = _versions()
+        versions = tool_versions()
         wid, tgt = self.entry.workload_id, self.target_key
         # another tuner on this database measures these right now: take its results, measure the rest
         elsewhere = self.db.claim(wid, tgt, [cands[i].key for i in todo if not cands[i].remeasure], OWNER)
@@ -187,7 +187,7 @@ class TaskSession:
 OWNER = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"  # this process, in the claims table
 
 
-def _versions() -> str:
+def tool_versions() -> str:
     return f"stormdrop {__version__}; tvm {tvm.__version__}"
 
 
@@ -367,33 +367,3 @@ class TaskTuner:
         rank = self.storm.predict if Phase.STORM in self.phases else partial(self.storm.predict, learn=False)
         return Raindrop(space, incumbent, best[0].result.run_secs, budget=budget, seed=task.seed,
                         config=self.raindrop_config, rank=rank, register_tiles=jumps)
-
-
-def verify_best(task: TaskSession, k: int = 8) -> None:
-    """Rebuild the best stored schedules from their traces and measure them again; the first that
-    checks out wins, with its re-measured latency (a stored best is the luckiest of many noisy
-    samples). ``verified`` only when outputs were checked (``MeasureConfig.check_correctness``);
-    ``fallbacks``: how many better records failed (said in the table and the JSON). A record that
-    fails for good (a wrong result, a build or run error: not a timeout) is stored as failed, so it is
-    never a best again: the next run, and ``bench``, start from the next one. At most ``k`` tried."""
-    config = getattr(task.gateway, "config", None)
-    checked = config is None or config.check_correctness
-    for rank, rec in enumerate(task.db.best(task.entry.workload_id, task.target_key, k=k)):
-        try:
-            mod = task.candidate_of(rec, rec.phase).mod
-        except Exception as err:  # noqa: BLE001
-            log.warning("best record %s does not replay: %s", rec.record_id, err)
-            continue
-        check = task.gateway.measure(task.entry.shash, [mod])[0]
-        if check.ok:
-            task.result.latency_s = check.mean
-            task.result.verified = checked
-            task.result.trace_json = rec.trace_json
-            task.result.fallbacks = rank
-            if rank:
-                log.warning("%s: the %d best record(s) failed verification; using record %s", task.kernel.name,
-                            rank, rec.record_id)
-            return
-        log.warning("best record %s failed verification: %s", rec.record_id, check.error_msg)
-        if not check.error.retryable:
-            task.db.commit_remeasure(rec, check, time.time(), _versions())
