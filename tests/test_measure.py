@@ -64,6 +64,8 @@ def test_one_batch_measures_the_candidates_of_several_workloads_each_against_its
     assert [r.error for r in swapped] == [ErrorKind.WRONG_RESULT, ErrorKind.WRONG_RESULT]
     build, run = gateway.candidate_s()  # two builders build side by side, the runs take turns
     assert gateway.batch_s(3) == pytest.approx(-(-3 // len(gateway._builders)) * build + 3 * run)
+    # a model's compile: tvm.build's own time a kernel, less than a builder's (it also loads, checks, links)
+    assert 0 < gateway.compile_s(1) < build and gateway.compile_s(3) == pytest.approx(3 * gateway.compile_s(1))
 
 
 def test_a_wrong_result_is_a_typed_failure(gateway):

@@ -102,7 +102,8 @@ def _one_builder(build_s, run_s):
     """A gateway's time estimates with one builder: a batch of n candidates takes n builds and n runs."""
     from types import SimpleNamespace
 
-    return SimpleNamespace(candidate_s=lambda: (build_s, run_s), batch_s=lambda n: n * (build_s + run_s))
+    return SimpleNamespace(candidate_s=lambda: (build_s, run_s), batch_s=lambda n: n * (build_s + run_s),
+                           compile_s=lambda n: n * build_s)
 
 
 def test_a_resumed_drive_goes_on_with_the_tasks_an_earlier_run_never_reached(monkeypatch):
@@ -225,3 +226,35 @@ def test_extensions_rotate_among_the_costliest_tasks():
     assert most_costly(states, set(), {0: 1}) == 1  # 3/2 < 2
     assert most_costly(states, set(), {0: 1, 1: 1}) == 0  # 1.5 > 1 > 1
     assert most_costly(states, {0, 1}, {0: 5}) == 2  # never a task whose extension found nothing new
+
+
+def test_an_extension_starts_only_if_a_step_as_long_as_the_last_extension_fits(monkeypatch):
+    # a fake clock: a step takes 1 s, but an extension's first step (a storm round: evolution on the
+    # cost model, then its batch) 30 s. After one extension and 9 short steps, the last 8 steps say
+    # 1 s; a second extension at 41 s of a 70.5-s budget would end past 71 s (resnet50's ended 4.9 s
+    # past its budget): it is not started
+    from stormdrop import driver
+
+    clock = [0.0]
+    monkeypatch.setattr(driver.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(driver, "verify_bests", lambda sessions: None)
+
+    class Extensible(_Tuner):
+        def __init__(self, session):
+            super().__init__(session)
+            self.plan = [1.0]  # seconds of each step still to come; done when none
+
+        def step(self, limit=None):
+            super().step(limit)
+            clock[0] += self.plan.pop(0)
+            self.done = not self.plan
+
+        def extend(self, storm_trials, exploit_trials):
+            self.plan, self.done = [30.0] + [1.0] * 9, False
+
+    sessions = [_Session(math.inf), _Session(math.inf)]
+    tuners = [Extensible(s) for s in sessions]
+    stopped = driver.drive(tuners, sessions, [2, 1], driver.Budget(deadline=70.5, extend=True))
+    assert stopped == "the time budget"
+    assert clock[0] == 41.0  # two first steps, one extension (30 s + 9 x 1 s), no second one
+    assert [driver.measured(s) for s in sessions] == [4 * 11, 4]

@@ -63,7 +63,9 @@ def serve(conn: Any, role: str, target_json: str, rpc: dict | None) -> None:
 
 
 def _build(target: Any, mod_json: str, out_path: str) -> dict:
-    """Build a candidate; returns ``{"timed": path, "args": [[shape, dtype]...], "pack": plan | None}``.
+    """Build a candidate; returns ``{"timed": path, "args": [[shape, dtype]...], "pack": plan | None,
+    "codegen_s": seconds}`` (``codegen_s``: ``tvm.build``'s own, what compiling the kernel into a
+    model costs: the gateway's estimate of a model's compile).
 
     A candidate whose schedule packs its weights (MetaSchedule's ``RewriteLayout``) is cut
     the way a compiled model cuts it (``prepack.split``): the library holds ``main``, the
@@ -91,17 +93,20 @@ def _build(target: Any, mod_json: str, out_path: str) -> dict:
     cut = split(mod) if rewrites else None
     if rewrites and cut is None:
         raise RuntimeError("the weights' layout rewrite could not be split off the kernel, as a model would")
+    t0 = time.perf_counter()
     if cut is None:
         lib = tvm.build(mod, target=target)
-        built = {"timed": out_path, "args": shapes(mod["main"]), "pack": None}
+        built = {"timed": out_path, "args": shapes(mod["main"]), "pack": None, "codegen_s": time.perf_counter() - t0}
         if target.kind.name == "cuda":
             built["cubin_bytes"] = _check_cuda(lib, target)
         lib.export_library(out_path)
         return built
-    tvm.build(tvm.IRModule({"main": cut.compute, "pack": cut.pack}), target=target).export_library(out_path)
+    lib = tvm.build(tvm.IRModule({"main": cut.compute, "pack": cut.pack}), target=target)
+    codegen_s = time.perf_counter() - t0
+    lib.export_library(out_path)
     plan = {"inputs": list(cut.pack_inputs), "outputs": shapes(cut.pack)[len(cut.pack_inputs):],
             "args": [list(a) for a in cut.compute_args]}
-    return {"timed": out_path, "args": shapes(cut.compute), "pack": plan}
+    return {"timed": out_path, "args": shapes(cut.compute), "pack": plan, "codegen_s": codegen_s}
 
 
 def _check_cuda(lib: Any, target: Any) -> int | None:

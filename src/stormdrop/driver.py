@@ -40,15 +40,25 @@ class Budget:
         return "the time budget" if time.monotonic() + reserve_s >= self.deadline else ""
 
 
-def finishing_s(sessions: Sequence[TaskSession], steps: Sequence[float], builds_after: int = 0) -> float:
-    """Wall seconds a run still needs once its search stops: a step that may be under way when
-    the deadline comes (the longest of the last 8), every task's best built and measured once
-    more in one batch (``verify_bests``), and ``builds_after`` builds (a model compiled from those
-    bests), as measured by the gateway so far. Without it a 1800-s BERT-base tune took 2098 s."""
+def finishing_s(sessions: Sequence[TaskSession], step_s: float, builds_after: int = 0) -> float:
+    """Wall seconds a run still needs once its search stops: ``step_s``, a step that may be under
+    way when the deadline comes (``next_step_s``), every task's best built and measured once more
+    in one batch (``verify_bests``), and ``builds_after`` kernels compiled into the model, as
+    measured by the gateway so far. Without it a 1800-s BERT-base tune took 2098 s."""
     gateway = getattr(sessions[0], "gateway", None) if sessions else None
     if gateway is None:
+        return step_s
+    return step_s + gateway.batch_s(len(sessions)) + gateway.compile_s(builds_after)
+
+
+def next_step_s(steps: Sequence[float], extension_steps: Sequence[float], extending: bool) -> float:
+    """How long the next step may take: the longest of the last 8; an extension's first step (a
+    storm round: evolution on the cost model, then its batch) the longest extension step so far,
+    or before any the longest step but the warm-up (resnet50's first extension took 10.1 s after
+    raindrop steps of 1-4 s, and the run ended 4.9 s past its 118-s budget)."""
+    if not extending:
         return max(steps[-8:], default=0.0)
-    return max(steps[-8:], default=0.0) + gateway.batch_s(len(sessions)) + builds_after * gateway.candidate_s()[0]
+    return max(extension_steps or steps[1:], default=0.0)
 
 
 def first_round_limit(waiting: int, first_rounds: Sequence[tuple[float, int]], time_left: float) -> int | None:
@@ -103,33 +113,39 @@ def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights:
     extended: dict[int, int] = {}
     extensions: dict[int, int] = {}  # how many each task had
     steps: list[float] = []  # wall seconds of each step
+    extension_steps: list[float] = []  # of each extension's first step
     first_rounds: list[tuple[float, int]] = []  # (seconds, candidates) of the tasks' first rounds
     cap = budget.trials
 
     def waiting() -> int:  # tasks yet to have their first round
         return sum(t.rounds == 0 and not t.finished for t in states)
 
-    def reserve_s() -> float:
+    def reserve_s(extending: bool = False, waiting_too: bool = False) -> float:
         # until every task has had its first round, only the deadline itself stops the search: a task
         # never reached runs as a naive loop nest, often slower than the rest of the model together
-        # (the first rounds shrink instead: first_round_limit)
-        return 0.0 if waiting() else finishing_s(sessions, steps, budget.builds_after)
+        # (the first rounds shrink instead: first_round_limit, told the reserve: waiting_too)
+        if waiting() and not waiting_too:
+            return 0.0
+        return finishing_s(sessions, next_step_s(steps, extension_steps, extending), budget.builds_after)
 
     def limit(i: int) -> int | None:
         caps = [] if cap is None else [cap - used]  # --trials is a hard cap
         if states[i].rounds == 0 and math.isfinite(budget.deadline):
-            left = budget.deadline - time.monotonic() - finishing_s(sessions, steps, budget.builds_after)
+            left = budget.deadline - time.monotonic() - reserve_s(waiting_too=True)
             shrunk = first_round_limit(waiting(), first_rounds, left)
             caps += [shrunk] if shrunk else []
         return min(caps, default=None)
 
     while not (stopped_by := budget.spent(used, reserve_s())):
-        i = sched.next_task()
+        i, extending = sched.next_task(), False
         if i is None and budget.extend:
             # the per-task cap is a default, not a reason to stop with time left: the
             # task with the largest weight x latency gets another storm round + raindrop
             i = most_costly(states, exhausted, extensions)
+            if i is not None and (stopped_by := budget.spent(used, reserve_s(extending=True))):
+                break
             if i is not None:
+                extending = True
                 extensions[i] = extensions.get(i, 0) + 1
                 batch = (storm or StormConfig()).batch_size
                 tuners[i].extend(batch, batch)
@@ -146,6 +162,8 @@ def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights:
         before, t0, first = measured(sessions[i]), time.monotonic(), states[i].rounds == 0
         tuners[i].step(limit=limit(i))
         steps.append(time.monotonic() - t0)
+        if extending:
+            extension_steps.append(steps[-1])
         if first and measured(sessions[i]) > before:
             first_rounds.append((steps[-1], measured(sessions[i]) - before))
         sessions[i].result.tuning_s += steps[-1]  # each task's own share of the wait
