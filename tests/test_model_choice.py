@@ -68,7 +68,7 @@ def test_one_candidate_each_compiles_once_and_times_nothing(fake_timing):
 
 
 def test_records_that_failed_verification_are_never_candidates():
-    """verify_best fell back past the two best records (they failed their check): the candidates
+    """verify_bests fell back past the two best records (they failed their check): the candidates
     are the verified record, then only records ranked after it."""
     records = [SimpleNamespace(trace_json=f"t{i}", mean=1e-5 * (i + 1), candidate_key=candidate_key(f"t{i}"),
                                record_id=i + 1) for i in range(6)]
@@ -79,7 +79,7 @@ def test_records_that_failed_verification_are_never_candidates():
                               result=SimpleNamespace(trace_json="t2", latency_s=3.3e-5, fallbacks=2))
     got = ranked_candidates(session, 3)
     assert [c.trace_json for c in got] == ["t2", "t3", "t4"]
-    stored[:] = records[2:]  # verify_best stored the two as failed: no longer bests, the same candidates
+    stored[:] = records[2:]  # verify_bests stored the two as failed: no longer bests, the same candidates
     assert [c.trace_json for c in ranked_candidates(session, 3)] == ["t2", "t3", "t4"]
     assert got[0].latency_s == 3.3e-5  # the verified record's re-measured time
     assert [c.trace_json for c in ranked_candidates(session, 1)] == ["t2"]
