@@ -120,18 +120,19 @@ def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights:
     def waiting() -> int:  # tasks yet to have their first round
         return sum(t.rounds == 0 and not t.finished for t in states)
 
-    def reserve_s(extending: bool = False, waiting_too: bool = False) -> float:
+    def finish_s(extending: bool = False) -> float:
+        return finishing_s(sessions, next_step_s(steps, extension_steps, extending), budget.builds_after)
+
+    def reserve_s() -> float:
         # until every task has had its first round, only the deadline itself stops the search: a task
         # never reached runs as a naive loop nest, often slower than the rest of the model together
-        # (the first rounds shrink instead: first_round_limit, told the reserve: waiting_too)
-        if waiting() and not waiting_too:
-            return 0.0
-        return finishing_s(sessions, next_step_s(steps, extension_steps, extending), budget.builds_after)
+        # (the first rounds shrink instead: first_round_limit)
+        return 0.0 if waiting() else finish_s()
 
     def limit(i: int) -> int | None:
         caps = [] if cap is None else [cap - used]  # --trials is a hard cap
         if states[i].rounds == 0 and math.isfinite(budget.deadline):
-            left = budget.deadline - time.monotonic() - reserve_s(waiting_too=True)
+            left = budget.deadline - time.monotonic() - finish_s()
             shrunk = first_round_limit(waiting(), first_rounds, left)
             caps += [shrunk] if shrunk else []
         return min(caps, default=None)
@@ -142,9 +143,9 @@ def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights:
             # the per-task cap is a default, not a reason to stop with time left: the
             # task with the largest weight x latency gets another storm round + raindrop
             i = most_costly(states, exhausted, extensions)
-            if i is not None and (stopped_by := budget.spent(used, reserve_s(extending=True))):
-                break
             if i is not None:
+                if stopped_by := budget.spent(used, finish_s(extending=True)):
+                    break
                 extending = True
                 extensions[i] = extensions.get(i, 0) + 1
                 batch = (storm or StormConfig()).batch_size
@@ -179,8 +180,9 @@ def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights:
         session.result.tuning_s += time.monotonic() - t0
     t0 = time.monotonic()
     verify_bests(sessions)
+    share = (time.monotonic() - t0) / max(len(sessions), 1)  # each task's equal share of the batch
     for session, weight in zip(sessions, weights):
         session.result.stored = session.tally()
-        session.result.tuning_s += (time.monotonic() - t0) / len(sessions)  # an equal share of the batch
+        session.result.tuning_s += share
         session.result.weight = weight
     return stopped_by
