@@ -230,13 +230,16 @@ def test_combined_qkv_projections_are_one_gemm_and_match_onnxruntime():
     assert rel_err < 1e-4
 
 
-@pytest.mark.parametrize("op", ["erf", "exp", "tanh", "sigmoid"])
+@pytest.mark.parametrize("op", ["erf", "exp", "tanh", "sigmoid", "log"])
 def test_fast_math_accuracy(op):
     from scipy import special
     from tvm import relax
 
     xs = np.linspace(-12 if op != "exp" else -80, 12 if op != "exp" else 80, 200_001).astype("float32")
-    exact = {"erf": special.erf, "exp": np.exp, "tanh": np.tanh, "sigmoid": special.expit}[op](xs.astype("float64"))
+    if op == "log":  # subnormals to 1e30, and the mantissa's whole range near 1
+        xs = np.concatenate([np.geomspace(1e-44, 1e30, 100_001), np.linspace(0.5, 2.0, 100_000)]).astype("float32")
+    exact = {"erf": special.erf, "exp": np.exp, "tanh": np.tanh, "sigmoid": special.expit,
+             "log": np.log}[op](xs.astype("float64"))
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType(xs.shape, "float32"))
     with bb.function("main", [x]):
