@@ -47,9 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         num_cores,
         random_inputs,
         run_model,
-        run_onnxruntime,
     )
     from stormdrop.model_tune import tune_model
+    from stormdrop.runtimes import run_onnxruntime
     from stormdrop.target import canonical, host_target, physical_cores
     from stormdrop.workloads.models import load_model
 

@@ -1,10 +1,13 @@
-"""Model benchmark: stormdrop vs MetaSchedule tune_relax (same and 3x global trials) vs ONNX Runtime.
+"""Model benchmark: stormdrop vs MetaSchedule tune_relax (same and 3x global trials) vs ONNX
+Runtime and OpenVINO.
 
 One model at a time, one tuner at a time, on one target string. Every compiled
 model runs on the same random inputs in this process (TVM on the target's
-cores, ONNX Runtime with as many intra-op threads); a build whose output differs
+cores, ONNX Runtime and OpenVINO with as many threads, OpenVINO at fp32 precision
+with the latency hint: ``stormdrop.runtimes``); a build whose output differs
 from ONNX Runtime's is reported as "wrong", never as a latency. Ratios > 1 mean
-stormdrop is faster.
+stormdrop is faster. ``--models`` takes zoo names and ``.onnx`` paths (e.g. the
+networks written by ``benchmarks/export_networks.py``).
 
     PYTHONPATH=src python benchmarks/bench_models.py --models resnet18,mobilenet_v2 --resolution 112 --trials 200
 """
@@ -20,8 +23,9 @@ import tempfile
 import time
 
 MODELS = ["resnet18", "mobilenet_v2", "bert_base", "squeezenet1_0", "resnet50", "mnasnet1_0"]
-HEADER = ["model", "tasks", "untuned ms", "ONNX Runtime ms", "stormdrop ms", "tuning s", "MS same ms", "tuning s",
-          "MS 3x ms", "tuning s", "ratio MS-same/stormdrop", "ratio MS-3x/stormdrop", "ratio ORT/stormdrop"]
+HEADER = ["model", "tasks", "untuned ms", "ONNX Runtime ms", "OpenVINO ms", "stormdrop ms", "tuning s", "MS same ms",
+          "tuning s", "MS 3x ms", "tuning s", "ratio MS-same/stormdrop", "ratio MS-3x/stormdrop", "ratio ORT/stormdrop",
+          "ratio OV/stormdrop"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -86,11 +90,11 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
         max_abs_diff,
         model_timer,
         num_cores,
-        onnxruntime_timer,
         random_inputs,
         run_model,
     )
     from stormdrop.model_tune import tune_model
+    from stormdrop.runtimes import onnxruntime_timer, openvino_timer
     from stormdrop.workloads.models import load_model
     from stormdrop.workloads.zoo import SEQUENCE_MODELS
 
@@ -101,8 +105,19 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
     model = load_model(name, seed=args.seed, **kw)
     inputs = random_inputs(model, args.seed)
     ref, ort_timer = onnxruntime_timer(model.onnx_model, inputs, num_cores(target))
-    out = {"model": name}
+    out = {"model": name, "openvino_s": None}
     timers = {"onnxruntime": ort_timer}  # every peer's latency is taken at the end, peers taking turns
+    try:
+        found = openvino_timer(model.onnx_model, inputs, num_cores(target))
+        err, scale = max_abs_diff(found[0], ref) if found else (0.0, 1.0)
+        if found is None:
+            out["openvino_status"] = "not installed"
+        elif err <= 1e-3 * scale:
+            timers["openvino"] = found[1]
+        else:
+            out["openvino_status"] = f"wrong (max diff {err:.2g})"
+    except Exception as e:  # noqa: BLE001 - a failure is a cell
+        out["openvino_status"] = f"failed: {short(e)}"
     with tempfile.TemporaryDirectory(prefix="bench-sd-") as tmp:
         db_path = os.path.join(tmp, "sd.sqlite")
         if args.keep_db:
@@ -170,6 +185,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
         print(f"  {name} {key}: {out[key]}", flush=True)
     latency = interleaved(timers, rounds=args.rounds)
     out["onnxruntime_s"] = latency.pop("onnxruntime")
+    out["openvino_s"] = latency.pop("openvino", None)
     if "best_records" in latency:
         out["stormdrop"]["best_records"] = {"latency_s": latency.pop("best_records")}
     if "cold_tuned" in latency:
@@ -177,7 +193,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
     for key, secs in latency.items():
         out[key]["latency_s"] = secs
     print(f"  {name} latencies (s, median of {args.rounds} interleaved rounds): {latency} "
-          f"onnxruntime {out['onnxruntime_s']}", flush=True)
+          f"onnxruntime {out['onnxruntime_s']} openvino {out['openvino_s'] or out.get('openvino_status')}", flush=True)
     return out
 
 
@@ -193,7 +209,8 @@ def breakdown(raw: list[dict], top: int = 6) -> list[str]:
         in_model = sum(t.get("in_model_s") or 0 for t in tasks)
         eff = sd["flops"] / sd["latency_s"] / 1e9 if sd.get("latency_s") else 0
         ort = sd["flops"] / r["onnxruntime_s"] / 1e9
-        lines.append(f"- {r['model']}: stormdrop {eff:.0f} GFLOPS effective (ONNX Runtime {ort:.0f}); "
+        ov = f", OpenVINO {sd['flops'] / r['openvino_s'] / 1e9:.0f}" if r.get("openvino_s") else ""
+        lines.append(f"- {r['model']}: stormdrop {eff:.0f} GFLOPS effective (ONNX Runtime {ort:.0f}{ov}); "
                      f"tasks' weight x stored latency {total * 1e3:.2f} ms, their kernels timed inside the model "
                      f"{in_model * 1e3:.2f} ms, the model {sd['latency_s'] * 1e3:.2f} ms; "
                      f"{sd.get('trials', '?')} trials, stopped by {sd.get('stopped_by', '?')}; largest shares of "
@@ -232,8 +249,10 @@ def row(r: dict) -> list[str]:
         return f"{v / sd:.2f}" if v and sd else "-"
 
     return [r["model"], str(r["stormdrop"].get("tasks", "-")), ms_(r.get("untuned_s")), ms_(r["onnxruntime_s"]),
+            ms_(r.get("openvino_s")) if r.get("openvino_s") else r.get("openvino_status", "-"),
             *cell(r["stormdrop"]), *cell(r.get("ms_same", {})), *cell(r.get("ms_3x", {})),
-            ratio(r.get("ms_same", {})), ratio(r.get("ms_3x", {})), ratio(r["onnxruntime_s"])]
+            ratio(r.get("ms_same", {})), ratio(r.get("ms_3x", {})), ratio(r["onnxruntime_s"]),
+            ratio(r.get("openvino_s"))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"global budget {args.trials} trials (stormdrop at most {args.trials_per_task} per task); ")
              + f"MetaSchedule num_trials_per_iter={args.ms_batch}; "
              f"latencies in ms: median of {args.rounds} rounds in which the peers take turns (a round: Relax VM median "
-             "of 5 x >= 100 ms; ONNX Runtime, same thread count, median run over 0.5 s); "
+             "of 5 x >= 100 ms; ONNX Runtime and OpenVINO (fp32, latency hint), same thread count, median run over "
+             "0.5 s); "
              "ratios > 1: stormdrop faster", "",
              "| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER), *("| " + " | ".join(r) + " |" for r in rows),
              "", *breakdown(raw)]

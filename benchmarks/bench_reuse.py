@@ -221,10 +221,10 @@ def timed(out: dict, args: argparse.Namespace, target, db_dir: str) -> dict:
         max_abs_diff,
         model_timer,
         num_cores,
-        onnxruntime_timer,
         random_inputs,
         run_model,
     )
+    from stormdrop.runtimes import onnxruntime_timer
 
     model = load(out["target"], args)
     inputs = random_inputs(model, args.seed)

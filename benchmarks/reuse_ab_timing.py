@@ -35,9 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         interleaved,
         model_timer,
         num_cores,
-        onnxruntime_timer,
         random_inputs,
     )
+    from stormdrop.runtimes import onnxruntime_timer
     from stormdrop.target import canonical
     from stormdrop.workloads.models import load_model
 

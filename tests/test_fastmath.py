@@ -16,7 +16,8 @@ from onnx import TensorProto
 from onnx import helper as oh
 
 from stormdrop.lowering import Lowering
-from stormdrop.model_run import apply_records, run_model, run_onnxruntime
+from stormdrop.model_run import apply_records, run_model
+from stormdrop.runtimes import run_onnxruntime
 from stormdrop.target import parse_target
 from stormdrop.workloads.models import from_onnx_model
 

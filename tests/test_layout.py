@@ -23,9 +23,9 @@ from stormdrop.model_run import (
     max_abs_diff,
     random_inputs,
     run_model,
-    run_onnxruntime,
 )
 from stormdrop.model_tune import extract_tasks
+from stormdrop.runtimes import run_onnxruntime
 from stormdrop.target import parse_target
 from stormdrop.workloads.models import load_model
 

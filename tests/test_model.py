@@ -55,7 +55,7 @@ def test_tiny_onnx_network_tuned_compiled_and_matched(tmp_path):
     assert all(t.verified for t in result.tasks)
     assert sum(t.trials["storm"] + t.trials["raindrop"] for t in result.tasks) <= 24
     lat = result.latency_s
-    assert lat["tuned"] > 0 and lat["onnxruntime"] > 0
+    assert lat["tuned"] > 0 and lat["onnxruntime"] > 0 and lat["openvino"] > 0  # OpenVINO: in the test extras
     assert lat["untuned"] is None  # ONNX Runtime is the reference: the slow untuned build is not run
     assert result.max_abs_error is not None and result.max_abs_error < 1e-3
     assert out.exists() and out.stat().st_size > 0
@@ -79,7 +79,7 @@ def test_tiny_onnx_network_tuned_compiled_and_matched(tmp_path):
     assert weight_transforms(unfolded) >= 1
     assert weight_transforms(apply_records(fused, mdb, host_target())) == 0
     doc = result.to_json()
-    assert set(doc["latency_s"]) == {"untuned", "tuned", "onnxruntime"}
+    assert set(doc["latency_s"]) == {"untuned", "tuned", "onnxruntime", "openvino"}
     # Every task deploys one of its stored records (its best, or another of its 3 best that ran
     # faster inside the compiled model), noted in the database for `bench` to compile the same.
     key = canonical(host_target())
@@ -98,7 +98,8 @@ def test_tiny_onnx_network_tuned_compiled_and_matched(tmp_path):
     bench = json.loads(js.read_text())
     assert len(bench["tasks"]) == len(result.tasks)
     assert all(t["latency_s"] is not None and t["trials"] > 0 for t in bench["tasks"])
-    assert bench["latency_s"]["tuned"] > 0 and bench["latency_s"]["onnxruntime"] > 0
+    assert bench["latency_s"]["tuned"] > 0 and bench["latency_s"]["onnxruntime"] > 0 and bench["latency_s"]["openvino"] > 0
+    assert "tuned / onnxruntime = " in r.stdout and "tuned / openvino = " in r.stdout
     assert bench["max_abs_error"] < 1e-3
     assert sorted(t["latency_s"] for t in bench["tasks"]) == sorted(r.mean for r in deployed)
     assert f"{len(result.tasks)}/{len(result.tasks)} tasks tuned" in r.stdout

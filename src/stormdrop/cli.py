@@ -267,7 +267,7 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
     fmt = lambda v: "n/a" if v is None else f"{v * 1e3:.3f} ms"  # noqa: E731
     untuned = "" if lat.get("untuned") is None else f"untuned {fmt(lat['untuned'])}, "
     print(f"model {result.model} on {describe(target)}: tuned {fmt(lat.get('tuned'))}, "
-          f"{untuned}onnxruntime {fmt(lat.get('onnxruntime'))}; "
+          f"{untuned}onnxruntime {fmt(lat.get('onnxruntime'))}, openvino {fmt(lat.get('openvino'))}; "
           f"tuning {result.tuning_s:.1f} s (stopped: {result.stopped_by}); output matches the reference (max |diff| {result.max_abs_error:.2g})")
     if args.json:
         with open(args.json, "w") as f:

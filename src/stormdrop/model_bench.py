@@ -25,11 +25,11 @@ from .model_run import (
     compile_model,
     num_cores,
     random_inputs,
-    run_pytorch,
     side_by_side,
     task_times,
 )
 from .model_tune import extract_tasks
+from .runtimes import run_pytorch
 from .target import canonical, parse_target
 from .workloads.models import Model, load_model
 
@@ -118,9 +118,10 @@ def task_times_in_model(ex: Any, inputs: dict, target: Target, rows: list[TaskRo
 
 def bench_model(spec: Any, *, db: Database, target: Any = None, seed: int = 0, lowering: Lowering | None = None,
                 rpc: dict | None = None, **load_kw: Any) -> BenchResult:
-    """Measure ``spec`` untuned, tuned from ``db``, in ONNX Runtime and in PyTorch when available.
+    """Measure ``spec`` untuned, tuned from ``db``, in ONNX Runtime, and in OpenVINO and PyTorch
+    when available.
 
-    ``rpc``: untuned and tuned TVM run on that RPC device (ONNX Runtime and PyTorch run here, and
+    ``rpc``: untuned and tuned TVM run on that RPC device (the other runtimes run here, and
     the per-kernel times inside the model are left out: the VM instrument runs only here)."""
     tgt = parse_target(target)
     model = spec if isinstance(spec, Model) else load_model(spec, seed=seed, **load_kw)
@@ -159,7 +160,8 @@ def format_bench(result: BenchResult) -> str:
                      "inside the model (each call timed in place)")
     for name, v in result.latency_s.items():
         lines.append(f"  {name:12s} {'n/a' if v is None else f'{v * 1e3:.3f} ms'}")
-    tuned, ort = result.latency_s.get("tuned"), result.latency_s.get("onnxruntime")
-    if tuned and ort:
-        lines.append(f"  tuned / onnxruntime = {tuned / ort:.2f}")
+    tuned = result.latency_s.get("tuned")
+    for peer in ("onnxruntime", "openvino"):
+        if tuned and result.latency_s.get(peer):
+            lines.append(f"  tuned / {peer} = {tuned / result.latency_s[peer]:.2f}")
     return "\n".join(lines)

@@ -1,10 +1,10 @@
 """Compile a model with tuned records, run it on the Relax VM, and run the references.
 
 Shared by ``tune --model`` (compile and verify after tuning) and ``bench --model``
-(side by side: untuned TVM, tuned TVM, ONNX Runtime, PyTorch on the same inputs).
-Every runtime is timed on the target's cores: TVM through ``TVM_NUM_THREADS``
-(set before the first kernel runs), ONNX Runtime and PyTorch through their
-own intra-op thread settings.
+(side by side: untuned TVM, tuned TVM, and the runtimes of ``runtimes``: ONNX Runtime,
+OpenVINO, PyTorch, on the same inputs). Every runtime is timed on the target's cores: TVM
+through ``TVM_NUM_THREADS`` (set before the first kernel runs), the others through their own
+thread settings.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from tvm import relax
 from tvm.target import Target
 
 from . import _tvm
+from .runtimes import onnxruntime_timer, openvino_timer
 from .timing_lock import timing
 from .workloads.models import Model
 
@@ -259,55 +260,18 @@ def interleaved(timers: dict[str, Callable[[], float]], rounds: int = 3) -> dict
     return {name: float(np.median(v)) for name, v in samples.items()}
 
 
-def _timed(fn: Any, min_s: float = 0.5, min_runs: int = 3) -> float:
-    fn()
-    times = []
-    t_end = time.perf_counter() + min_s
-    while time.perf_counter() < t_end or len(times) < min_runs:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
-
-
-def onnxruntime_timer(onnx_model: Any, inputs: dict[str, np.ndarray], threads: int
-                      ) -> tuple[list[np.ndarray], Callable[[], float]]:
-    """ONNX Runtime's outputs (CPU provider, default graph optimizations, ``threads`` intra-op
-    threads) and a function returning one latency sample (s): the median run over 0.5 s."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    sess = ort.InferenceSession(onnx_model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    def sample() -> float:
-        with timing():
-            return _timed(lambda: sess.run(None, inputs))
-
-    return sess.run(None, inputs), sample
-
-
-def run_onnxruntime(onnx_model: Any, inputs: dict[str, np.ndarray], threads: int
-                    ) -> tuple[list[np.ndarray], float]:
-    outs, timer = onnxruntime_timer(onnx_model, inputs, threads)
-    return outs, timer()
-
-
-def run_pytorch(program: Any, inputs: dict[str, np.ndarray], threads: int) -> tuple[list[np.ndarray], float]:
-    import torch
-
-    torch.set_num_threads(threads)
-    module = program.module()
-    args = [torch.from_numpy(v) for v in inputs.values()]
-    with torch.no_grad():
-        out = module(*args)
-        outs = [o.numpy() for o in (out if isinstance(out, (list, tuple)) else [out])]
-        return outs, _timed(lambda: module(*args))
-
-
 def max_abs_diff(outs: list[np.ndarray], ref: list[np.ndarray]) -> tuple[float, float]:
-    """(max |out - ref|, scale of ref) over all outputs."""
-    err = max(float(np.max(np.abs(np.asarray(o, dtype=np.float64) - r))) for o, r in zip(outs, ref))
-    scale = max(1.0, max(float(np.max(np.abs(r))) for r in ref))
+    """(max |out - ref|, scale of ref) over all outputs. Equal values (infinities included) and NaN
+    where the reference has NaN count as no difference; a NaN or infinity where the reference has a
+    finite value is an infinite one (``max`` of Python would drop a NaN that is not first)."""
+    err, scale = 0.0, 1.0
+    for o, r in zip(outs, ref):
+        o, r = np.asarray(o, dtype=np.float64), np.asarray(r, dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            diff = np.where((o == r) | (np.isnan(o) & np.isnan(r)), 0.0, np.abs(o - r))
+        err = max(err, float(np.max(np.nan_to_num(diff, nan=np.inf), initial=0.0)))
+        finite = np.abs(r[np.isfinite(r)])
+        scale = max(scale, float(np.max(finite, initial=0.0)))
     return err, scale
 
 
@@ -315,13 +279,14 @@ def side_by_side(model: Model, ex: Any, inputs: dict[str, np.ndarray], target: T
                  rpc: dict | None = None, rounds: int = 3, untuned: bool = True
                  ) -> tuple[dict[str, float | None], float]:
     """The one compile-and-verify check of ``tune --model`` and ``bench --model``: untuned TVM
-    (timed once: it can take seconds a run), the tuned executable ``ex`` and ONNX Runtime (timed
-    in turns, ``interleaved``) on the same inputs; TVM on the RPC device ``rpc`` when given
+    (timed once: it can take seconds a run), the tuned executable ``ex``, ONNX Runtime and OpenVINO
+    (when installed and its outputs match ONNX Runtime's; timed in turns, ``interleaved``) on the
+    same inputs; TVM on the RPC device ``rpc`` when given
     (ONNX Runtime runs here). The tuned outputs must match the reference (ONNX Runtime, else the
     untuned build) within 1e-3 of its scale: ``TuningError`` otherwise. ``untuned=False``: the
     untuned build is compiled and run only when it is the reference (no ONNX model): on a CPU it
     runs naive loops (BERT-base: ~50 s a run, ~6 min with its compile). Returns the latencies
-    (``untuned``, ``tuned``, ``onnxruntime``: None when not run) and the max |diff|."""
+    (``untuned``, ``tuned``, ``onnxruntime``, ``openvino``: None when not run) and the max |diff|."""
     from .errors import TuningError
 
     untuned_outs, untuned_s = None, None
@@ -336,11 +301,36 @@ def side_by_side(model: Model, ex: Any, inputs: dict[str, np.ndarray], target: T
     else:
         vm, dev, args = _vm(ex, inputs, target)
         outs, timers = _outputs(vm, args), {"tuned": _timer(vm, dev, args)}
-    ref, latency = untuned_outs, {"untuned": untuned_s, "onnxruntime": None}
+    ref, latency = untuned_outs, {"untuned": untuned_s, "onnxruntime": None, "openvino": None}
     if model.onnx_model is not None:
         ref, timers["onnxruntime"] = onnxruntime_timer(model.onnx_model, inputs, num_cores(target))
-    latency.update(interleaved(timers, rounds))
+        openvino = _openvino(model, inputs, num_cores(target), ref)
+        if openvino is not None:
+            timers["openvino"] = openvino
     err, scale = max_abs_diff(outs, ref)
     if not err <= 1e-3 * scale:
         raise TuningError(f"{model.name}: the tuned model's output differs from the reference (max |diff| {err:.3g})")
+    latency.update(interleaved(timers, rounds))
     return latency, err
+
+
+def _openvino(model: Model, inputs: dict[str, np.ndarray], threads: int, ref: list[np.ndarray]) -> Any:
+    """OpenVINO's timer when it is installed, reads the model and matches the reference (1e-3 of
+    its scale, as the tuned model must); else ``None``, with a warning saying why."""
+    import logging
+
+    log = logging.getLogger("stormdrop")
+    try:
+        found = openvino_timer(model.onnx_model, inputs, threads)
+    except Exception as e:  # noqa: BLE001 - a peer that cannot run this model is a missing column
+        log.warning("OpenVINO could not run %s: %s", model.name, str(e).strip().splitlines()[0][:200])
+        return None
+    if found is None:
+        log.info("OpenVINO is not installed (pip install stormdrop[openvino]): no OpenVINO column")
+        return None
+    outs, timer = found
+    err, scale = max_abs_diff(outs, ref)
+    if not err <= 1e-3 * scale:
+        log.warning("OpenVINO's output differs from ONNX Runtime's on %s (max |diff| %.3g): not timed", model.name, err)
+        return None
+    return timer
