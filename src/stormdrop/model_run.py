@@ -269,7 +269,7 @@ def max_abs_diff(outs: list[np.ndarray], ref: list[np.ndarray]) -> tuple[float, 
         o, r = np.asarray(o, dtype=np.float64), np.asarray(r, dtype=np.float64)
         with np.errstate(invalid="ignore"):
             diff = np.where((o == r) | (np.isnan(o) & np.isnan(r)), 0.0, np.abs(o - r))
-        err = max(err, float(np.max(np.nan_to_num(diff, nan=np.inf), initial=0.0)))
+        err = max(err, float(np.max(np.nan_to_num(diff, nan=np.inf, posinf=np.inf), initial=0.0)))
         finite = np.abs(r[np.isfinite(r)])
         scale = max(scale, float(np.max(finite, initial=0.0)))
     return err, scale
