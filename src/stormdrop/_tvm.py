@@ -52,6 +52,10 @@
   file) crashes the process now and then (segmentation fault) instead of raising.
   ``check_trace_json`` refuses such a trace with a ``ValueError`` before TVM sees it.
 - CUDA sources compiled to cubins on the host with NVRTC: ``_nvrtc`` (its notes say why).
+- ``relax.transform.ConvertLayout`` dies with ``std::bad_alloc`` on a ``squeeze`` whose axis
+  is negative (torchvision's ViT through PyTorch's exporter: ``Squeeze(axes=[-2])`` in its
+  attention), wherever it is in the model. ``nonnegative_squeeze_axes`` rewrites those axes
+  as their non-negative equal first (the same computation).
 """
 
 from __future__ import annotations
@@ -347,3 +351,23 @@ def gpu_default_schedule(mod: tvm.IRModule, target: Any) -> tvm.IRModule:
     with target:
         return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
                                        dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
+
+
+def nonnegative_squeeze_axes(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with every ``squeeze`` axis written non-negative (see the module's notes)."""
+    from tvm import relax
+
+    squeeze = tvm.ir.Op.get("relax.squeeze")
+
+    @relax.expr_functor.mutator
+    class Axes(relax.PyExprMutator):
+        def visit_call_(self, call: Any) -> Any:
+            call = super().visit_call_(call)
+            axes = call.attrs.axis if call.op.same_as(squeeze) else None
+            if axes and any(int(a) < 0 for a in axes):
+                ndim = len(call.args[0].ty.shape)
+                return relax.op.squeeze(call.args[0], [int(a) % ndim for a in axes])
+            return call
+
+    return tvm.IRModule({gv: Axes(mod).visit_expr(f) if isinstance(f, relax.Function) else f
+                         for gv, f in mod.functions.items()}, attrs=mod.attrs)

@@ -31,6 +31,7 @@ import tvm
 from tvm import relax, te, topi
 from tvm.target import Target
 
+from . import _tvm
 from .target import vector_lanes
 
 channel_block = vector_lanes  # the channel block of ``blocked`` is the target's fp32 vector width
@@ -151,6 +152,7 @@ def convert_layout(mod: tvm.IRModule, target: Target, layout: str) -> tvm.IRModu
     layout = resolve(layout, target)
     if layout == "nchw" or not has_conv2d(mod):
         return mod
+    mod = _tvm.nonnegative_squeeze_axes(mod)
     if layout == "nhwc":
         return relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(mod)
     width = channel_block(target)
