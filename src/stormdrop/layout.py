@@ -154,11 +154,45 @@ def convert_layout(mod: tvm.IRModule, target: Target, layout: str) -> tvm.IRModu
         return mod
     mod = _tvm.nonnegative_squeeze_axes(mod)
     if layout == "nhwc":
-        return relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(mod)
+        return fold_permutes(relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(mod))
     width = channel_block(target)
     if width is None:
         return mod
     return relax.transform.ConvertLayout({}, _desired(width))(mod)
+
+
+def _axes(call: relax.Call) -> list[int]:
+    ndim = len(call.ty.shape)
+    return list(range(ndim))[::-1] if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
+
+
+def fold_permutes(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with each ``permute_dims`` of a ``permute_dims`` written as one, and those that
+    permute nothing dropped. A model that permutes its own activations (ConvNeXt: to NHWC
+    for its LayerNorm and back) gets, once its convolutions are NHWC, pairs that undo each
+    other; each was a memory pass (a transpose kernel, or one fused into its neighbour)."""
+    permute = tvm.ir.Op.get("relax.permute_dims")
+
+    def is_permute(expr: Any) -> bool:
+        return isinstance(expr, relax.Call) and expr.op.same_as(permute)
+
+    @relax.expr_functor.mutator
+    class Fold(relax.PyExprMutator):
+        def visit_call_(self, call: Any) -> Any:
+            call = super().visit_call_(call)
+            if not is_permute(call):
+                return call
+            axes, x = _axes(call), call.args[0]
+            inner = self.lookup_binding(x) if isinstance(x, relax.Var) else None
+            composed = is_permute(inner)
+            if composed:
+                axes, x = [_axes(inner)[a] for a in axes], inner.args[0]
+            if axes == list(range(len(axes))):
+                return x
+            return relax.op.permute_dims(x, axes) if composed else call
+
+    folded = {gv: Fold(mod).visit_expr(f) if isinstance(f, relax.Function) else f for gv, f in mod.functions.items()}
+    return relax.transform.DeadCodeElimination()(tvm.IRModule(folded, attrs=mod.attrs))
 
 
 def legalizations() -> dict[str, Any]:

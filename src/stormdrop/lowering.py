@@ -12,7 +12,7 @@ import tvm
 from tvm import relax
 from tvm.target import Target
 
-from . import _tvm, fastmath
+from . import _tvm, fastmath, reductions
 from .errors import SpecError
 from .layout import LAYOUTS, convert_layout
 from .layout import legalizations as layout_legalizations
@@ -31,12 +31,15 @@ class Lowering:
     V projections) merged into one GEMM and a split. Off by default: not yet measured to
     pay (in BERT-base at seq 128 the three 768-wide projections already ran at the
     2304-wide FFN GEMMs' speed after 1200 s; the split is one more kernel).
+    ``tiled_reductions``: means and sums over outer axes (NHWC's global pooling) written so
+    that the search tiles them (``reductions``), on CPUs.
     """
 
     layout: str = "auto"
     fast_math: bool = True
     winograd: str = "auto"
     combine_matmuls: bool = False
+    tiled_reductions: bool = True
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -57,6 +60,8 @@ class Lowering:
             rules = dict(layout_legalizations())
             if self.fast_math and cpu:
                 rules.update(fastmath.legalizations())
+            if self.tiled_reductions and cpu:
+                rules.update(reductions.legalizations())
             if self.winograd != "off" and cpu:
                 rules["relax.nn.conv2d"] = winograd_legalization(self.winograd, rules["relax.nn.conv2d"])
             mod = relax.transform.LegalizeOps(rules)(mod)
