@@ -112,7 +112,7 @@ def test_a_model_run_is_noted_and_its_history_is_in_the_json(tuned_tiny):
     with Database(db_path) as db:
         note = db.model_notes()["tiny"]
         assert [t["name"] for t in note["tasks"]] == [t["name"] for t in doc["tasks"]]
-        assert note["latency_s"]["onnxruntime"] > 0 and note["latency_s"]["tuned"] > 0
+        assert note["latency_s"]["onnxruntime"] > 0 and note["latency_s"]["tuned"] > 0 and note["latency_s"]["openvino"] > 0
         for task, t in zip(doc["tasks"], note["tasks"]):
             hist = task["history"]
             recs = db.records(t["workload_id"], doc["target"])
@@ -145,6 +145,7 @@ def test_the_model_report_opens_in_chromium(tuned_tiny, tmp_path):
     page = tmp_path / "rep" / "index.html"
     text = page.read_text()
     assert "ONNX Runtime measured at" in text and "estimated latency during tuning" in text
+    assert "OpenVINO measured at" in text  # the peer beside ONNX Runtime (in the test extras)
     assert len(re.findall(r"<h3>", text)) == len(doc["tasks"])
 
     pw, exe = _browser()

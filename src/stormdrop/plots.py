@@ -73,8 +73,9 @@ def task_plot(title: str, runs: Sequence[tuple[str, Sequence[Trial]]]) -> bytes:
 
 
 def model_plot(title: str, runs: Sequence[tuple[str, Sequence[tuple[float, float]]]],
-               onnxruntime_s: float | None = None) -> bytes:
-    """The model's estimated latency (sum of weight x best) against tuning time, one line per run."""
+               onnxruntime_s: float | None = None, openvino_s: float | None = None) -> bytes:
+    """The model's estimated latency (sum of weight x best) against tuning time, one line per run;
+    the peers' measured latencies as horizontal lines."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 3.6))
     for r, (label, curve) in enumerate(runs):
@@ -83,6 +84,8 @@ def model_plot(title: str, runs: Sequence[tuple[str, Sequence[tuple[float, float
                     linestyle=RUN_STYLES[r % len(RUN_STYLES)], color="black", label=f"stormdrop estimate ({label})")
     if onnxruntime_s:
         ax.axhline(onnxruntime_s * 1e3, color="#ff7f0e", label="ONNX Runtime (measured)")
+    if openvino_s:
+        ax.axhline(openvino_s * 1e3, color="#9467bd", linestyle="--", label="OpenVINO (measured)")
     ax.set_xlabel("wall time (s)")
     ax.set_ylabel("latency (ms)")
     ax.grid(alpha=0.3)

@@ -49,6 +49,7 @@ class Run:
     model: str | None = None
     onnxruntime_s: float | None = None
     tuned_s: float | None = None
+    openvino_s: float | None = None
 
     def estimate(self) -> list[tuple[float, float]]:
         return model_estimate([(t.weight, t.trials) for t in self.tasks])
@@ -66,7 +67,7 @@ def read_run(db: Database, *, label: str, model: str | None = None, workloads: S
         tgt = target or note["target"]
         picked = [(db.workload(t["workload_id"]), int(t["weight"])) for t in note["tasks"]]
         latency = note.get("latency_s") or {}
-        run = Run(label, tgt, [], model, latency.get("onnxruntime"), latency.get("tuned"))
+        run = Run(label, tgt, [], model, latency.get("onnxruntime"), latency.get("tuned"), latency.get("openvino"))
     else:
         picked = [(e, 1) for e in _pick_workloads(db, workloads)]
         tgt = target or _busiest_target(db, [e for e, _ in picked])
@@ -119,7 +120,8 @@ def compared_run(db: Database, base: Run, label: str) -> Run:
     tasks = [TaskView(t.name, t.flops, weights.get(e.workload_id, t.weight), trials_of(recs, start), e)
              for t, e, recs, _ in found if recs]
     latency = (notes.get(base.model) or {}).get("latency_s") or {}
-    return Run(label, found[0][3], tasks, base.model, latency.get("onnxruntime"), latency.get("tuned"))
+    return Run(label, found[0][3], tasks, base.model, latency.get("onnxruntime"), latency.get("tuned"),
+               latency.get("openvino"))
 
 
 def open_compared(path: str, workdir: str) -> Database:
@@ -186,8 +188,9 @@ def render(runs: Sequence[Run]) -> str:
 def _model_section(runs: Sequence[Run]) -> str:
     base = runs[0]
     ort = next((r.onnxruntime_s for r in runs if r.onnxruntime_s), None)
+    ov = next((r.openvino_s for r in runs if r.openvino_s), None)
     lines = [f"<h2>{_e(base.model)}: estimated latency during tuning</h2>",
-             _img(model_plot(base.model, [(r.label, r.estimate()) for r in runs], ort), "model estimate")]
+             _img(model_plot(base.model, [(r.label, r.estimate()) for r in runs], ort, ov), "model estimate")]
     facts = []
     for r in runs:
         est = r.estimate()
@@ -198,6 +201,8 @@ def _model_section(runs: Sequence[Run]) -> str:
             facts.append(f"{_e(r.label)}: compiled model measured at {r.tuned_s * 1e3:.3f} ms")
     if ort:
         facts.append(f"ONNX Runtime measured at {ort * 1e3:.3f} ms")
+    if ov:
+        facts.append(f"OpenVINO measured at {ov * 1e3:.3f} ms")
     return "\n".join(lines) + "".join(f"<p>{f}</p>" for f in facts)
 
 

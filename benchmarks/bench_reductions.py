@@ -1,0 +1,127 @@
+"""Global average pooling in NHWC: TVM's legalization (a sum over H and W, then a divide) against
+``reductions.weighted_sum`` (the same mean as a reduction that multi-level tiling tiles), each
+tuned with the same seed and trials, then the two best schedules re-timed by one measurement
+gateway, taking turns for ``--rounds`` rounds (median).
+
+The shape that chose the rewrite is 1x112x112x128 (issue 35's MobileNet-like CNN); the
+defaults below are held out from it.
+
+    PYTHONPATH=src python benchmarks/bench_reductions.py --trials 48
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+HELD_OUT = [(56, 256), (28, 512), (14, 1024)]  # (image side, channels)
+VARIANTS = ("default", "tiled")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default=",".join(f"{h}x{c}" for h, c in HELD_OUT),
+                   help="comma-separated HxC: an H x H image of C channels, batch 1")
+    p.add_argument("--trials", type=int, default=48, help="storm trials; the raindrop gets as many")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--out", default="benchmarks/RESULTS.md")
+    p.add_argument("--json", default=None)
+    return p.parse_args(argv)
+
+
+def kernel(variant: str, h: int, c: int):
+    import numpy as np
+    import tvm
+    from tvm import te, topi
+
+    from stormdrop.reductions import weighted_sum
+    from stormdrop.workloads import Kernel
+
+    x = te.placeholder((1, h, h, c), "float32", name="x")
+    if variant == "default":  # relax.mean's own legalization
+        tensors = [x, topi.divide(topi.sum(x, axis=[1, 2], keepdims=True), float(h * h))]
+    else:
+        w = te.placeholder((h,), "float32", name="w")
+        tensors = [x, w, weighted_sum(x, w, [1, 2], True)]
+    mod = tvm.IRModule({"main": te.create_prim_func(tensors)})
+    name = f"mean_{variant}_{h}x{h}x{c}"
+    return Kernel(name, name, f"mean_{variant}", mod, int(np.prod(x.shape)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _peers import machine, publish
+    from bench_kernels import pin_threads
+
+    from stormdrop import _tvm
+    from stormdrop.database import Database
+    from stormdrop.kernel_tune import tune_kernel
+    from stormdrop.measure import Gateway
+    from stormdrop.target import canonical, host_target, physical_cores
+
+    pin_threads(physical_cores())
+    target = host_target()
+    key = canonical(target)
+    raw = []
+    with tempfile.TemporaryDirectory(prefix="bench-red-") as tmp:
+        for shape in args.shapes.split(","):
+            h, c = (int(v) for v in shape.lower().split("x"))
+            entry, mods = {"side": h, "channels": c, "bytes": 4 * h * h * c}, {}
+            for variant in VARIANTS:
+                k = kernel(variant, h, c)
+                path = os.path.join(tmp, f"{k.name}.db")
+                t = tune_kernel(k, target=target, trials=args.trials, exploit_trials=args.trials, db=path,
+                                seed=args.seed).tasks[0]
+                entry[variant] = {"stored_s": t.latency_s, "tuning_s": t.tuning_s, "trials": t.trials}
+                with Database(path) as db:
+                    best = db.best(db.find_workload(k.mod).workload_id, key, k=1)[0]
+                mods[variant] = (k.name, k.mod, _tvm.schedule_from_trace_json(k.mod, best.trace_json).mod)
+            times = {n: [] for n in mods}
+            with Gateway(target) as gw:
+                for name, mod, _ in mods.values():
+                    gw.prepare(name, mod, args.seed)
+                for _ in range(args.rounds):
+                    for n, (name, _, best_mod) in mods.items():
+                        res = gw.measure(name, [best_mod])[0]
+                        if res.run_secs:
+                            times[n].append(statistics.mean(res.run_secs))
+            for n in mods:
+                entry[n]["retimed_s"] = statistics.median(times[n]) if times[n] else None
+            raw.append(entry)
+            print(json.dumps(entry), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": " ".join(sys.argv), "target": key, "rows": raw}, f, indent=1)
+    header = ["mean over H, W (1 x H x W x C)", "default us", "tiled us", "default GB/s", "tiled GB/s",
+              "tiled / default speed", "default tuning s", "tiled tuning s"]
+    rows, speeds = [], []
+    for e in raw:
+        d, t = e["default"].get("retimed_s"), e["tiled"].get("retimed_s")
+        speed = d / t if d and t else None
+        if speed:
+            speeds.append(speed)
+        rows.append([f"{e['side']}x{e['side']}x{e['channels']}", *(f"{s * 1e6:.1f}" if s else "-" for s in (d, t)),
+                     *(f"{e['bytes'] / s / 1e9:.1f}" if s else "-" for s in (d, t)), f"{speed:.1f}" if speed else "-",
+                     f"{e['default']['tuning_s']:.0f}", f"{e['tiled']['tuning_s']:.0f}"])
+    lines = ["", f"## Reductions, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
+             f"- machine: {machine()}; target: `{key}`", f"- command: `{' '.join(sys.argv)}`",
+             f"- NHWC global average pooling, TVM's legalization ('default') against `reductions.weighted_sum` "
+             f"('tiled'), each tuned {args.trials} storm + {args.trials} raindrop trials (seed {args.seed}), the "
+             f"bests re-timed in turns ({args.rounds} rounds, median; inputs warm in the caches); GB/s = the "
+             "input's bytes / time", "",
+             "| " + " | ".join(header) + " |", "|" + " --- |" * len(header), *("| " + " | ".join(r) + " |" for r in rows),
+             "", f"- geometric mean speed-up: {statistics.geometric_mean(speeds):.1f}x over {len(speeds)} shapes"
+             if speeds else "- no run finished", ""]
+    publish(lines, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
