@@ -53,3 +53,15 @@ def test_an_exported_convnext_is_tuned_compiled_and_checked_against_both_runtime
     assert any("gelu" in t.name for t in result.tasks)  # the GELU fused into its matmul's kernel
     assert result.latency_s["onnxruntime"] > 0 and result.latency_s["openvino"] > 0
     assert result.max_abs_error < 1e-3
+
+
+def test_mobilenet_v3s_hard_activations_stay_nhwc():
+    """HardSigmoid and HardSwish as Relax max/min: in NHWC only the input's and the head's
+    transposes are left (with relax.op.clip each SE gate and hardswish was a kernel with
+    transposes inside: 68 tasks instead of 52)."""
+    from stormdrop.model_tune import extract_tasks
+
+    _, tasks = extract_tasks(load_model(str(FIXTURES / "tv_mobilenet_v3.onnx")), TARGET)
+    names = [k.name for k, _ in tasks]
+    assert not [n for n in names if "clip" in n]
+    assert len([n for n in names if "transpose" in n]) <= 2, names

@@ -27,7 +27,9 @@
   so every ReLU6 of an NHWC model became its own kernel between two transposes (18% of
   MobileNetV2's time at 224x224) and never fused into its convolution.
   ``clip_as_relax_op`` makes the importer emit Relax ``maximum``/``minimum`` ops when the
-  bounds are constant scalars (other Clips keep the importer's own conversion).
+  bounds are constant scalars (other Clips keep the importer's own conversion), and for
+  ``HardSigmoid`` and ``HardSwish`` (float32), whose converters call ``relax.op.clip``: in an
+  NHWC MobileNetV3 each SE gate and hardswish was a kernel with transposes inside.
 - ``relax.transform.CombineParallelMatmul`` (one GEMM for a transformer's Q, K and V
   projections, which share their input) matches only weights and biases bound to
   variables; an imported model's are inline constants, so it merged nothing.
@@ -282,6 +284,31 @@ def clip_as_relax_op() -> None:
     clip._impl_v13 = classmethod(impl_v13)
     clip._impl_v11 = classmethod(impl_v13)
     clip._impl_v1 = classmethod(impl_v1)
+
+    # HardSigmoid and HardSwish (MobileNetV3's SE gates and activations) are clips too
+    def hard_sigmoid(cls: Any, bb: Any, inputs: Any, attr: Any, params: Any) -> Any:
+        from tvm import relax
+
+        x, dtype = inputs[0], str(inputs[0].ty.dtype)
+        if dtype != "float32":
+            return hard_sigmoid_v1(cls, bb, inputs, attr, params)
+        alpha, beta = float(attr.get("alpha", 0.2)), float(attr.get("beta", 0.5))
+        return _relax_clip(relax.op.add(relax.op.multiply(relax.const(alpha, dtype), x), relax.const(beta, dtype)),
+                           0.0, 1.0)
+
+    def hard_swish(cls: Any, bb: Any, inputs: Any, attr: Any, params: Any) -> Any:
+        from tvm import relax
+
+        x, dtype = inputs[0], str(inputs[0].ty.dtype)
+        if dtype != "float32":
+            return hard_swish_v14(cls, bb, inputs, attr, params)
+        gate = _relax_clip(relax.op.add(x, relax.const(3.0, dtype)), 0.0, 6.0)
+        return relax.op.multiply(x, relax.op.divide(gate, relax.const(6.0, dtype)))
+
+    hard_sigmoid_v1 = onnx_fe.HardSigmoid._impl_v1.__func__
+    hard_swish_v14 = onnx_fe.HardSwish._impl_v14.__func__
+    onnx_fe.HardSigmoid._impl_v1 = classmethod(hard_sigmoid)
+    onnx_fe.HardSwish._impl_v14 = classmethod(hard_swish)
 
 
 def _bind_constant_operands(func: Any) -> Any:
