@@ -62,6 +62,40 @@ def machine() -> str:
            f"({os.cpu_count()} logical)"
 
 
+def tuned_best(kernel: Any, target: Any, trials: int, path: str, seed: int, **tune_kw: Any) -> tuple[dict, Any]:
+    """Tune ``kernel`` (``trials`` storm + as many raindrop) into the database ``path``: its row
+    (stored latency, tuning seconds, trials) and its best schedule, replayed on the workload."""
+    from stormdrop import _tvm
+    from stormdrop.database import Database
+    from stormdrop.kernel_tune import tune_kernel
+    from stormdrop.target import canonical
+
+    t = tune_kernel(kernel, target=target, trials=trials, exploit_trials=trials, db=path, seed=seed, **tune_kw).tasks[0]
+    with Database(path) as db:
+        best = db.best(db.find_workload(kernel.mod).workload_id, canonical(target), k=1)[0]
+    row = {"stored_s": t.latency_s, "tuning_s": t.tuning_s, "trials": t.trials}
+    return row, _tvm.schedule_from_trace_json(kernel.mod, best.trace_json).mod
+
+
+def retime_in_turns(target: Any, variants: dict[str, tuple[str, Any, Any]], rounds: int, seed: int
+                    ) -> dict[str, float | None]:
+    """Each variant's best schedule timed by one measurement gateway, the variants taking turns
+    for ``rounds`` rounds: the median (s), ``None`` when no run succeeded. ``variants``: name ->
+    (workload key, workload module, scheduled module)."""
+    from stormdrop.measure import Gateway
+
+    times: dict[str, list[float]] = {n: [] for n in variants}
+    with Gateway(target) as gw:
+        for key, mod, _ in variants.values():
+            gw.prepare(key, mod, seed)
+        for _ in range(rounds):
+            for n, (key, _, best_mod) in variants.items():
+                res = gw.measure(key, [best_mod])[0]
+                if res.run_secs:
+                    times[n].append(statistics.mean(res.run_secs))
+    return {n: statistics.median(v) if v else None for n, v in times.items()}
+
+
 def quiet_meta_schedule() -> None:
     """Console output of MetaSchedule at WARNING (its per-task logs still go to work_dir files).
 

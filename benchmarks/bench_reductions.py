@@ -57,13 +57,9 @@ def kernel(variant: str, h: int, c: int):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import machine, publish
+    from _peers import machine, publish, retime_in_turns, tuned_best
     from bench_kernels import pin_threads
 
-    from stormdrop import _tvm
-    from stormdrop.database import Database
-    from stormdrop.kernel_tune import tune_kernel
-    from stormdrop.measure import Gateway
     from stormdrop.target import canonical, host_target, physical_cores
 
     pin_threads(physical_cores())
@@ -76,24 +72,10 @@ def main(argv: list[str] | None = None) -> int:
             entry, mods = {"side": h, "channels": c, "bytes": 4 * h * h * c}, {}
             for variant in VARIANTS:
                 k = kernel(variant, h, c)
-                path = os.path.join(tmp, f"{k.name}.db")
-                t = tune_kernel(k, target=target, trials=args.trials, exploit_trials=args.trials, db=path,
-                                seed=args.seed).tasks[0]
-                entry[variant] = {"stored_s": t.latency_s, "tuning_s": t.tuning_s, "trials": t.trials}
-                with Database(path) as db:
-                    best = db.best(db.find_workload(k.mod).workload_id, key, k=1)[0]
-                mods[variant] = (k.name, k.mod, _tvm.schedule_from_trace_json(k.mod, best.trace_json).mod)
-            times = {n: [] for n in mods}
-            with Gateway(target) as gw:
-                for name, mod, _ in mods.values():
-                    gw.prepare(name, mod, args.seed)
-                for _ in range(args.rounds):
-                    for n, (name, _, best_mod) in mods.items():
-                        res = gw.measure(name, [best_mod])[0]
-                        if res.run_secs:
-                            times[n].append(statistics.mean(res.run_secs))
-            for n in mods:
-                entry[n]["retimed_s"] = statistics.median(times[n]) if times[n] else None
+                entry[variant], best = tuned_best(k, target, args.trials, os.path.join(tmp, f"{k.name}.db"), args.seed)
+                mods[variant] = (k.name, k.mod, best)
+            for n, secs in retime_in_turns(target, mods, args.rounds, args.seed).items():
+                entry[n]["retimed_s"] = secs
             raw.append(entry)
             print(json.dumps(entry), flush=True)
     if args.json:

