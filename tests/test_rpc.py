@@ -348,7 +348,9 @@ def test_a_tracker_gone_for_good_stops_the_run_with_one_line_and_keeps_every_rec
         t.join(timeout=5)
         assert seen, "the tracker was not killed during the run"
         lines = r.stderr.strip().splitlines()
-        assert r.returncode != 0 and len(lines) == 1 and "does not answer" in lines[0], r.stderr
+        # one line naming the tracker: "does not answer", or, when the kill races the session's
+        # renewal, "no free device under key ... at HOST:PORT" (seen once on AMD znver5, session 31)
+        assert r.returncode != 0 and len(lines) == 1 and f"{rpc['host']}:{rpc['port']}" in lines[0], r.stderr
         recs = _records(tmp_path / "g.db")
         assert {x.candidate_key for x in seen} <= {x.candidate_key for x in recs} and len(recs) < 400
         assert [x.result.error for x in recs if not x.ok] == []
