@@ -38,7 +38,7 @@
 - Relax's ``FoldConstant`` builds and JIT-compiles the function of every call it folds anew
   (no cache across call sites): after ``SplitLayoutRewritePreproc`` MobileBERT's 360 weight
   prepacks (7 distinct functions) took 25-27 s of its 29-s compile after tuning, ResNet-50's
-  3.3 s (rocketlake, 2 cores), and the search's time budget had no room for them.
+  3.3 s (2 cores), and the search's time budget had no room for them.
   ``fold_weight_prepacks`` runs every prepack with its function built once (0.6 s and 1.4 s,
   outputs bit for bit the same); ``FoldConstant`` then has nothing of them left to fold.
 - A candidate library that allocates a large intermediate buffer (e.g. a packed-weight

@@ -1,10 +1,8 @@
 """The schedule each task deploys with: chosen among its best records by their time inside the model.
 
 A kernel is tuned alone, run after run on warm caches; inside the compiled model its weights
-and inputs come from further away. On a 2-core AVX-512 Xeon (rocketlake), mobilenet_v2 at 224
-after 1800 s: its kernels add up to 2.1 ms as tuned and 3.1 ms inside the model; one 1x1
-convolution runs in 4.5 us alone, 25 us with the caches flushed, 20 us in the model. Records
-a few percent apart alone can be further apart, or swap places, in the model.
+and inputs come from further away, so records a few percent apart alone can be further apart,
+or swap places, in the model (figures: README "In-model choice", RESULTS.md).
 
 So after tuning, the model is compiled once per rank: the i-th time with every task's i-th
 candidate (0: the best record as tuned and verified, then the next-best records). Every

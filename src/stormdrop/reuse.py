@@ -22,7 +22,7 @@ spaces: with the epilogue computed apart or inside the tiles, a write cache or n
 k-th tile size and categorical choice of the sketch take the donor's k-th, refitted. The
 donor's own structure is often the one that loses: undertuned donors computed their
 epilogue apart, and moved into the sketch that fuses it the same tiles ran 2.4-3.6x
-faster (mobilenet_v2's 112x112 expansion convolution, donors of its own, 2026-11-26). A transfer
+faster on a MobileNetV2 expansion convolution (RESULTS.md). A transfer
 that TVM or a postprocessor rejects is no candidate; a transfer that fails to
 build or run is measured data like any other. The phase proposes; the loop
 measures and the storm starts from what was measured.

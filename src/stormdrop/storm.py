@@ -55,9 +55,8 @@ class StormConfig:
     # Reuse (--reuse N): 1: the nearest N donors' best records, in donor order (transfer-tuning's
     # choice). k > 1, with a prior: the best two records of each of the nearest k x N donors are
     # transferred; the nearest donor's best and the N - 1 the prior ranks fastest are measured (no
-    # more than there are donors). Not the default: on two pairs (RESULTS "Reuse, 2026-11-25 23:41"
-    # and 23:57) k = 2 reached 62% / 94% of scratch's speedup against 52-57% / 101-104% in donor
-    # order, within the runs' noise, in 1.2-1.45x the reuse time.
+    # more than there are donors). Not the default: where it was measured it was no better than donor
+    # order within the runs' noise and took longer (README "Reuse", RESULTS.md).
     transfer_pool: int = 1
     # Which donors reuse tries first (reuse.donors): "class" (the nearest relation of the fused
     # operators, then shapes) or "shape" (the nearest shapes, then the relation: no better on the
