@@ -52,6 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache-flush", default="auto", choices=["auto", "off", "on", "ab"],
                    help="stormdrop times candidates with the caches flushed (auto: the library's default, on "
                         "for CPUs), or tunes twice, without and with, both timed in turns with the peers (ab)")
+    p.add_argument("--storm-split", default="share", choices=["share", "half"],
+                   help="A/B of issue 40: 'half' gives every task's storm half its per-task cap whatever the "
+                        "global --trials (the split before: no raindrop under a small cap)")
     p.add_argument("--rounds", type=int, default=5,
                    help="latencies: median over this many rounds in which the peers take turns")
     p.add_argument("--seed", type=int, default=0)
@@ -264,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     from stormdrop.target import canonical, host_target, physical_cores
 
     pin_threads(physical_cores())
+    if args.storm_split == "half":  # the split before issue 40, for its A/B only
+        import stormdrop.model_tune as model_tune
+
+        model_tune.storm_share = lambda trials, num_tasks, trials_per_task, first: max(1, trials_per_task // 2)
+        model_tune.first_batch_size = lambda trials, n, batch: (
+            None if trials is None or n <= 0 or trials >= n * batch else max(2, trials // n))
     target = host_target()
     rows, raw = [], []
     if args.merge_json:
@@ -290,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
              f"- machine: {machine()}; target: `{canonical(target)}`", f"- command: `{' '.join(sys.argv)}`"
              + (f" (rows {', '.join(sorted(done))} from the earlier run that wrote {args.merge_json}: "
                 f"`{earlier['command']}`)" if args.merge_json else ""),
-             f"- {size}; stormdrop layout {args.layout}, winograd {args.winograd}; "
+             f"- {size}; stormdrop layout {args.layout}, winograd {args.winograd}, cache flush {args.cache_flush}, "
+             f"storm split {args.storm_split}; "
              + (f"time budget {args.time_budget:.0f} s (per-task cap {args.trials_per_task} extended while time is "
                 "left; MetaSchedule 'same' = the trials stormdrop measured); "
                 if args.time_budget else

@@ -95,6 +95,17 @@ def test_winograd_convolutions_match_onnxruntime_without_per_call_weight_transfo
     assert any("conv2d" in t and "winograd" not in t for t in tasks)  # the 7x7, strided and 1x1 stay direct
 
 
+def test_winograd_needs_trials_a_small_cap_keeps_convolutions_direct():
+    from stormdrop.lowering import Lowering
+
+    auto = Lowering()
+    assert auto.for_budget(128, 11).winograd == "off"  # 11 trials a task
+    assert auto.for_budget(64 * 11, 11) is auto and auto.for_budget(None, 11) is auto  # enough, or a time budget
+    assert Lowering(winograd="4").for_budget(128, 11).winograd == "4"  # said, not auto
+    assert auto.as_tuned({"winograd": "off"}).winograd == "off" and auto.as_tuned({}) is auto
+    assert Lowering(winograd="2").as_tuned({"winograd": "off"}).winograd == "2"
+
+
 def test_winograd_auto_keeps_small_images_and_few_channels_direct():
     from stormdrop.winograd import choose_tile
 
@@ -105,6 +116,11 @@ def test_winograd_auto_keeps_small_images_and_few_channels_direct():
     assert choose_tile("auto", (56, 56), 8, 64) is None
     assert choose_tile("off", (56, 56), 64, 64) is None
     assert choose_tile("4", (4, 4), 512, 512) == 4
+    # small convolutions: the transforms cost more than they save (bench_winograd, 32 + 32 trials)
+    assert choose_tile("auto", (32, 32), 32, 32) is None  # 18.9 MFLOPs direct: Winograd 0.92x
+    assert choose_tile("auto", (64, 64), 16, 16) is None  # 0.32x
+    assert choose_tile("auto", (14, 14), 64, 64) is None  # 0.60x
+    assert choose_tile("auto", (28, 28), 48, 48) == 4  # 32.5 MFLOPs: Winograd 1.39x
     _, tasks, _ = _compiled_untuned("resnet18", "auto")  # 32x32 input: every 3x3 output is 8x8 or less
     assert not any("winograd" in t for t in tasks)
 

@@ -198,6 +198,49 @@ def test_trials_is_a_hard_cap(tmp_path):
     assert result.stopped_by == "the trial budget"
 
 
+def test_a_small_trial_cap_tunes_direct_convolutions_and_bench_builds_them(tmp_path):
+    """A 48-channel 3x3 convolution at 28x28 is a Winograd kernel under --winograd auto, but 6
+    trials over the model's tasks are too few to tune one: the tune keeps it direct, notes so,
+    and `bench` (default lowering) compiles the tasks that were tuned, not Winograd ones."""
+    from stormdrop.lowering import Lowering
+    from stormdrop.model_bench import bench_model
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((48, 48, 3, 3)) * 0.05).astype("float32"), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["input", "w"], ["c"], pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
+         helper.make_node("Relu", ["c"], ["output"])], "conv48",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 48, 28, 28])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 48, 28, 28])], initializer=[w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = str(tmp_path / "conv48.onnx")
+    onnx.save(model, path)
+    _, lowered = extract_tasks(load_model(path), host_target(), Lowering())
+    assert any("winograd" in k.name for k, _ in lowered)  # what a large budget tunes
+    result = tune_model(path, trials=6, db=tmp_path / "w.db", seed=0)
+    assert result.tasks and not any("winograd" in t.name for t in result.tasks)
+    assert result.max_abs_error is not None and result.max_abs_error < 1e-3
+    with Database(tmp_path / "w.db") as db:
+        bench = bench_model(path, db=db)
+    assert sorted(r.name for r in bench.tasks) == sorted(t.name for t in result.tasks)
+    assert all(r.latency_s is not None for r in bench.tasks)
+
+
+def test_a_small_trial_cap_leaves_the_raindrop_its_share(tmp_path):
+    """--trials 24 over the tiny network's tasks (per-task cap 128, storm batches of 16): each task's
+    storm stops at half its share of the cap and the other half goes to raindrops (before, the
+    tasks' first storm batches took all 24 trials and no raindrop ran)."""
+    path = tiny_net(str(tmp_path / "tiny.onnx"))
+    result = tune_model(path, trials=24, db=tmp_path / "s.db", seed=0)
+    share = 24 // (2 * len(result.tasks))
+    storms = [t.trials["reuse"] + t.trials["storm"] for t in result.tasks]
+    assert all(s <= max(2, share) for s in storms), storms
+    drops = [t.trials["raindrop"] for t in result.tasks]
+    assert sum(drops) >= 24 / 2 - 2 and sum(storms) + sum(drops) <= 24, (storms, drops)
+    assert all(t.verified for t in result.tasks)
+
+
 def test_cli_time_budget_keeps_tuning_past_the_per_task_cap(tmp_path):
     """--time-budget alone: a task at its --trials-per-task cap is not a reason to stop with time
     left; the costliest tasks get more rounds until the budget is spent. The .so export is quiet."""

@@ -63,11 +63,27 @@ def test_short_budget_shrinks_the_first_batch_so_every_task_is_reached():
     from stormdrop.model_tune import first_batch_size
 
     assert first_batch_size(320, 19, 16) is None  # 19 x 16 = 304 fit: full batches
-    assert first_batch_size(256, 19, 16) == 13  # 19 x 13 = 247 <= 256
-    assert first_batch_size(256, 19, 16) * 19 <= 256
+    assert first_batch_size(256, 19, 16) == 6  # half of 256 / 19: the other half for raindrops
+    assert first_batch_size(256, 19, 16) * 19 <= 256 / 2
     assert first_batch_size(10, 40, 16) == 2  # never fewer than two candidates a task
     assert first_batch_size(100, 0, 16) is None
     assert first_batch_size(None, 19, 16) is None  # no global cap (a time budget decides)
+
+
+def test_a_global_trial_cap_leaves_every_task_a_raindrop_share():
+    """Each task's storm is half its per-task cap, or, where the global cap cannot give every task
+    that cap, half of its share of the global cap: the other half is the raindrop's."""
+    from stormdrop.model_tune import first_batch_size, storm_share
+
+    assert storm_share(None, 8, 128, None) == 64  # no global cap: half the per-task cap
+    assert storm_share(4096, 8, 128, None) == 64  # a cap that gives every task its 128
+    for trials, tasks in ((128, 8), (128, 11), (200, 19), (512, 11), (1000, 19)):
+        first = first_batch_size(trials, tasks, 16)
+        storm = storm_share(trials, tasks, 128, first)
+        assert storm * tasks <= trials / 2 + tasks * 2, (trials, tasks, storm)  # the rest: raindrops
+        assert storm >= (first or 1)  # the first batch is all storm
+        assert 128 - storm >= 64  # every task's raindrop may take what its storm left
+    assert storm_share(128, 8, 128, first_batch_size(128, 8, 16)) == 8  # was 64: 8 x 16 first storms took all 128
 
 
 class _Tuner:

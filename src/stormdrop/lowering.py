@@ -6,6 +6,7 @@ and benchmarking, so that a model is always compiled the way its tasks were tune
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import tvm
@@ -16,6 +17,7 @@ from . import _tvm, fastmath, reductions
 from .errors import SpecError
 from .layout import LAYOUTS, convert_layout
 from .layout import legalizations as layout_legalizations
+from .winograd import MIN_TRIALS_PER_TASK
 from .winograd import MODES as WINOGRAD_MODES
 from .winograd import legalization as winograd_legalization
 
@@ -46,6 +48,21 @@ class Lowering:
             raise SpecError(f"--layout: expected one of {', '.join(LAYOUTS)}, got {self.layout!r}")
         if self.winograd not in WINOGRAD_MODES:
             raise SpecError(f"--winograd: expected one of {', '.join(WINOGRAD_MODES)}, got {self.winograd!r}")
+
+    def for_budget(self, trials: int | None, num_tasks: int) -> Lowering:
+        """This lowering for a model tuned under a global trial cap: ``winograd="auto"`` keeps every
+        convolution direct when the cap gives its tasks fewer than ``winograd.MIN_TRIALS_PER_TASK``
+        trials each (a Winograd kernel tuned that little loses to the direct one)."""
+        if self.winograd != "auto" or trials is None or num_tasks <= 0 or trials >= num_tasks * MIN_TRIALS_PER_TASK:
+            return self
+        return dataclasses.replace(self, winograd="off")
+
+    def as_tuned(self, note: dict) -> Lowering:
+        """This lowering as a model's last tune used it (its ``note``): ``auto`` Winograd that the
+        tune's trial cap turned off (``for_budget``) stays off, so that its tasks are the tuned ones."""
+        if self.winograd == "auto" and note.get("winograd") == "off":
+            return dataclasses.replace(self, winograd="off")
+        return self
 
     def lower(self, mod: tvm.IRModule, target: Target, prepack_weights: bool) -> tvm.IRModule:
         """The model's Relax module, legalized and fused into kernels for ``target``.

@@ -74,13 +74,29 @@ def deployed_keys(db: Database, model: str, target: str) -> dict[str, str]:
     return note.get("deployed") or {} if note.get("target") == target else {}
 
 
+def _as_tuned(model: Model, db: Database, target: Target, lowering: Lowering) -> tuple[Any, list]:
+    """The model's fused module and tasks as its last tune on ``target`` lowered them: where its
+    trial cap kept the convolutions direct (``Lowering.for_budget``) and the tasks so lowered are
+    the noted ones (the same network at another input size may have been tuned since)."""
+    fused, tasks = extract_tasks(model, target, lowering)
+    note = db.model_notes().get(model.name, {})
+    tuned = lowering.as_tuned(note)
+    if tuned == lowering or note.get("target") != canonical(target):
+        return fused, tasks
+    fused_t, tasks_t = extract_tasks(model, target, tuned)
+    entries = [db.find_workload(k.mod) for k, _ in tasks_t]
+    if {e.workload_id for e in entries if e} == {t["workload_id"] for t in note.get("tasks", [])}:
+        return fused_t, tasks_t
+    return fused, tasks
+
+
 def tuned_build(model: Model, db: Database, target: Target, lowering: Lowering | None = None,
                 deployed: bool = True) -> tuple[Any, list[TaskRow]]:
     """The model compiled with every task's deployed record (``deployed_keys``; ``deployed=False``
     or none noted: the best stored one that stormdrop checked, never an unchecked import), and one row per
     task (``lowering``: as the model was tuned)."""
     key = canonical(target)
-    fused, tasks = extract_tasks(model, target, lowering)
+    fused, tasks = _as_tuned(model, db, target, lowering or Lowering())
     chosen = deployed_keys(db, model.name, key) if deployed else {}
     mdb = ms.database.MemoryDatabase()
     rows, unchecked = [], 0

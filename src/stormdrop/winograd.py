@@ -26,6 +26,16 @@ above ~10x10 outputs for m = 2, ~15x15 for m = 4. Tuned alone on ResNet-18's sha
 10-30% behind it), m = 2 equals m = 4 at 14x14 in 2.6x less tuning time. So: m = 4 from
 28x28, m = 2 from 14x14, direct below (and under 16 channels, not measured). ResNets
 are not held out for this choice.
+
+Small convolutions stay direct too: the transforms are a cost per tile and channel that only
+enough GEMM work hides. Tuned alone, 32 + 32 trials (``bench_winograd.py``, RESULTS.md "Winograd
+at small sizes"), Winograd lost at 16 channels 64x64 (0.32x direct), 32 channels 32x32
+(0.92x) and 64 channels 14x14 (0.60x), all under 19 MFLOPs as direct convolutions, and won from
+32.5 MFLOPs (48 channels 28x28 1.39x, 32 channels 56x56 1.27x; before, 80 channels 36x36 and up):
+direct below ``MIN_FLOPS``. And a Winograd kernel needs trials (four stages to schedule): at
+8 + 8 trials the rule's picks ran at 0.66x the direct kernels' speed (geomean), so a model tuned
+under a trial cap of fewer than ``MIN_TRIALS_PER_TASK`` a task keeps every convolution direct
+(``Lowering.for_budget``).
 """
 
 from __future__ import annotations
@@ -107,13 +117,17 @@ def conv2d_nhwc(data: te.Tensor, kernel_pack: te.Tensor, padding: Any, m: int, o
         name="conv2d_winograd")
 
 
+MIN_FLOPS = 24e6  # a direct convolution's FLOPs under which Winograd's transforms cost more than they save
+MIN_TRIALS_PER_TASK = 64  # fewer (a model's trial cap over its tasks): no Winograd, see the module docstring
+
+
 def choose_tile(mode: str, out_hw: tuple[int, int], ci: int, co: int) -> int | None:
     """The output tile m for a 3x3 stride-1 convolution, or ``None`` to keep it direct."""
     if mode == "off":
         return None
     if mode in ("2", "4"):
         return int(mode)
-    if min(out_hw) < 14 or min(ci, co) < 16:
+    if min(out_hw) < 14 or min(ci, co) < 16 or 18 * out_hw[0] * out_hw[1] * ci * co < MIN_FLOPS:
         return None
     return 4 if min(out_hw) >= 28 else 2
 

@@ -1,0 +1,102 @@
+"""Small inputs, small budgets: where a newcomer starts. Each case is a network at one input
+size tuned under one global trial cap (``stormdrop tune --model M --trials N``, per-task cap
+128 as the CLI's), then timed against ONNX Runtime and OpenVINO in turns (``bench_models.bench_one``:
+same target string, same threads, outputs checked).
+
+Networks: the small CNNs of ``small_networks.py`` (``smallcnn`` chose the small-budget
+defaults; ``smallres`` and ``smallmb`` are held out) and zoo networks at a given resolution
+(``resnet18@56`` is the README's quick start: it chose them too). A case is
+``NAME[@RESOLUTION]:TRIALS[/TRIALS...]``.
+
+    PYTHONPATH=src python benchmarks/bench_small.py --cases smallres:128/256,mobilenet_v2@96:128 \\
+        --json benchmarks/results_small.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+HEADER = ["network", "input", "trials", "tasks", "ONNX Runtime ms", "OpenVINO ms", "stormdrop ms", "tuning s",
+          "ORT / stormdrop", "OV / stormdrop", "held out"]
+
+
+def parse_cases(text: str) -> list[tuple[str, int | None, int]]:
+    out = []
+    for case in filter(None, (c.strip() for c in text.split(","))):
+        net, _, budgets = case.partition(":")
+        name, _, res = net.partition("@")
+        for trials in (budgets or "128").split("/"):
+            out.append((name, int(res) if res else None, int(trials)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", default="smallcnn:128,smallres:128/256,smallmb:128/256,resnet18@56:200")
+    p.add_argument("--held-out", default="smallres,smallmb,mobilenet_v2@96",
+                   help="the cases named held out before the run (NAME or NAME@RES)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="benchmarks/RESULTS.md")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+
+    import bench_models
+    from _peers import machine, publish
+    from bench_kernels import pin_threads
+    from small_networks import NETWORKS, write
+
+    from stormdrop.target import canonical, host_target, physical_cores
+
+    pin_threads(physical_cores())
+    target = host_target()
+    held = {h.strip() for h in args.held_out.split(",") if h.strip()}
+    rows, raw = [], []
+    with tempfile.TemporaryDirectory(prefix="bench-small-") as tmp:
+        for name, res, trials in parse_cases(args.cases):
+            model = write(tmp, [name])[0] if name in NETWORKS else name
+            label = name if res is None else f"{name}@{res}"
+            print(f"[{label}, {trials} trials]", flush=True)
+            margs = bench_models.parse_args(["--models", model, "--trials", str(trials), "--trials-per-task", "128",
+                                             "--skip-ms", "--rounds", str(args.rounds), "--seed", str(args.seed)]
+                                            + (["--resolution", str(res)] if res else []))
+            r = bench_models.bench_one(model, margs, target)
+            r = {k: ({kk: vv for kk, vv in v.items() if kk != "ex"} if isinstance(v, dict) else v) for k, v in r.items()}
+            r.update(network=name, resolution=res, trials_cap=trials, held_out=label in held or name in held)
+            raw.append(r)
+            sd = r["stormdrop"]
+            lat = sd.get("latency_s")
+
+            def ms_(v):
+                return f"{v * 1e3:.3f}" if v else "-"
+
+            def ratio(v, lat=lat):
+                return f"{v / lat:.2f}" if v and lat else "-"
+
+            rows.append([name, str(res or "model's"), str(trials), str(sd.get("tasks", "-")), ms_(r["onnxruntime_s"]),
+                         ms_(r.get("openvino_s")), ms_(lat) if lat else sd.get("status", "-"),
+                         f"{sd.get('tuning_s', 0):.0f}", ratio(r["onnxruntime_s"]), ratio(r.get("openvino_s")),
+                         "yes" if r["held_out"] else "no"])
+            print("| " + " | ".join(rows[-1]) + " |", flush=True)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump({"command": " ".join(sys.argv), "target": canonical(target), "cases": raw}, f, indent=1)
+    lines = ["", f"## Small inputs and budgets, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
+             f"- machine: {machine()}; target: `{canonical(target)}`", f"- command: `{' '.join(sys.argv)}`",
+             "- stormdrop as `tune --model M --trials N` (per-task cap 128, defaults otherwise); latencies in ms: "
+             f"median of {args.rounds} rounds in which the peers take turns; ratios > 1: stormdrop faster", "",
+             "| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER), *("| " + " | ".join(r) + " |" for r in rows),
+             "", *bench_models.breakdown(raw)]
+    publish(lines, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
