@@ -26,9 +26,12 @@ HELD_OUT = [(80, 36), (160, 18), (320, 9)]  # (channels in = out, image side); p
 VARIANTS = {"direct": 0, "winograd2": 2, "winograd4": 4}
 
 
+DEFAULT_SHAPES = ",".join(f"{c}x{h}" for c, h in HELD_OUT)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shapes", default=",".join(f"{c}x{h}" for c, h in HELD_OUT),
+    p.add_argument("--shapes", default=DEFAULT_SHAPES,
                    help="comma-separated CxH: C channels in and out, an H x H image")
     p.add_argument("--trials", type=int, default=32, help="storm trials; the raindrop gets as many")
     p.add_argument("--seed", type=int, default=0)
@@ -92,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                      *(f"{e[n]['tuning_s']:.0f}" for n in VARIANTS)])
     lines = ["", f"## Winograd, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- machine: {machine()}; target: `{key}`", f"- command: `{' '.join(sys.argv)}`",
-             f"- held-out 3x3 stride-1 NHWC convolutions, each variant tuned {args.trials} storm + {args.trials} "
+             f"- {'held-out ' if args.shapes == DEFAULT_SHAPES else ''}3x3 stride-1 NHWC convolutions, each variant tuned {args.trials} storm + {args.trials} "
              f"raindrop trials (seed {args.seed}), the bests re-timed in turns ({args.rounds} rounds, median); "
              "GFLOPS = a direct convolution's FLOPs / time; 'auto picks' = `--winograd auto`'s choice", "",
              "| " + " | ".join(header) + " |", "|" + " --- |" * len(header), *("| " + " | ".join(r) + " |" for r in rows),
