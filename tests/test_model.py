@@ -207,11 +207,13 @@ def test_a_small_trial_cap_tunes_direct_convolutions_and_bench_builds_them(tmp_p
 
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array((rng.standard_normal((48, 48, 3, 3)) * 0.05).astype("float32"), "w")
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["input", "w"], ["c"], pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
+    w1 = numpy_helper.from_array((rng.standard_normal((48, 3, 1, 1)) * 0.3).astype("float32"), "w1")
+    graph = helper.make_graph(  # a 1x1 first: the model's NCHW input is read by it, the 3x3 gets NHWC
+        [helper.make_node("Conv", ["input", "w1"], ["p"], kernel_shape=[1, 1]),
+         helper.make_node("Conv", ["p", "w"], ["c"], pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
          helper.make_node("Relu", ["c"], ["output"])], "conv48",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 48, 28, 28])],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 48, 28, 28])], initializer=[w])
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 28, 28])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 48, 28, 28])], initializer=[w, w1])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     path = str(tmp_path / "conv48.onnx")

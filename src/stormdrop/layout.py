@@ -103,8 +103,33 @@ def depthwise_conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides: Any, pad
         name="depthwise_conv2d_NCHWc")
 
 
+def conv2d_nchw_nhwc(data: te.Tensor, kernel: te.Tensor, strides: Any, padding: Any, dilation: Any,
+                     out_dtype: str) -> te.Tensor:
+    """A convolution that reads NCHW activations and HWIO weights and writes NHWC: a model's first
+    convolution, whose input stays as the model takes it (``read_inputs_nchw``)."""
+    sh, sw = _ints(strides)
+    dh, dw = _ints(dilation)
+    pads = _ints(padding)
+    pt, pl, pb, pr = pads if len(pads) == 4 else (pads * 2 if len(pads) == 2 else pads * 4)
+    n, c, h, w = (int(d) for d in data.shape)
+    kh, kw, _, co = (int(d) for d in kernel.shape)
+    padded = topi.nn.pad(data, [0, 0, pt, pl], [0, 0, pb, pr]) if pt or pl or pb or pr else data
+    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    rc, rh, rw = te.reduce_axis((0, c), "rc"), te.reduce_axis((0, kh), "rh"), te.reduce_axis((0, kw), "rw")
+    return te.compute(
+        (n, oh, ow, co),
+        lambda b, y, x, o: te.sum(
+            padded[b, rc, y * sh + rh * dh, x * sw + rw * dw].astype(out_dtype) * kernel[rh, rw, rc, o].astype(out_dtype),
+            axis=[rc, rh, rw]),
+        name="conv2d_nchw_nhwc")
+
+
 def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     attrs = call.attrs
+    if (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout)) == ("NCHW", "HWIO", "NHWC"):
+        return bb.call_te(conv2d_nchw_nhwc, call.args[0], call.args[1], attrs.strides, attrs.padding,
+                          attrs.dilation, str(call.ty.dtype), primfunc_name_hint="conv2d_nchw_nhwc")
     if len(str(attrs.data_layout)) == 4:  # a convolution left in NCHW: TVM's own legalization
         return tvm.ir.Op.get("relax.nn.conv2d").get_attr("FLegalize")(bb, call)
     if int(attrs.groups) == 1:
@@ -154,7 +179,7 @@ def convert_layout(mod: tvm.IRModule, target: Target, layout: str) -> tvm.IRModu
         return mod
     mod = _tvm.nonnegative_squeeze_axes(mod)
     if layout == "nhwc":
-        return fold_permutes(relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(mod))
+        return read_inputs_nchw(fold_permutes(relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(mod)))
     width = channel_block(target)
     if width is None:
         return mod
@@ -193,6 +218,35 @@ def fold_permutes(mod: tvm.IRModule) -> tvm.IRModule:
 
     folded = {gv: Fold(mod).visit_expr(f) if isinstance(f, relax.Function) else f for gv, f in mod.functions.items()}
     return relax.transform.DeadCodeElimination()(tvm.IRModule(folded, attrs=mod.attrs))
+
+
+def read_inputs_nchw(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with each NHWC convolution (one group) of an NCHW tensor's NHWC permutation
+    reading the NCHW tensor itself (``conv2d_nchw_nhwc``): the model's input, given in NCHW,
+    was a transpose kernel of its own before the first convolution (9.4 us of a 209-us small
+    MobileNet at 128x128; ONNX Runtime's first convolution reads NCHW too)."""
+    permute = tvm.ir.Op.get("relax.permute_dims")
+    conv = tvm.ir.Op.get("relax.nn.conv2d")
+
+    @relax.expr_functor.mutator
+    class Read(relax.PyExprMutator):
+        def visit_call_(self, call: Any) -> Any:
+            call = super().visit_call_(call)
+            if not call.op.same_as(conv):
+                return call
+            a = call.attrs
+            if ((str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) != ("NHWC", "HWIO", "NHWC")
+                    or int(a.groups) != 1):
+                return call
+            x = call.args[0]
+            inner = self.lookup_binding(x) if isinstance(x, relax.Var) else None
+            if not (isinstance(inner, relax.Call) and inner.op.same_as(permute) and _axes(inner) == [0, 2, 3, 1]):
+                return call
+            return relax.op.nn.conv2d(inner.args[0], call.args[1], a.strides, a.padding, a.dilation, a.groups,
+                                      "NCHW", "HWIO", "NHWC", a.out_dtype)
+
+    read = {gv: Read(mod).visit_expr(f) if isinstance(f, relax.Function) else f for gv, f in mod.functions.items()}
+    return relax.transform.DeadCodeElimination()(tvm.IRModule(read, attrs=mod.attrs))
 
 
 def legalizations() -> dict[str, Any]:
