@@ -96,6 +96,19 @@ def retime_in_turns(target: Any, variants: dict[str, tuple[str, Any, Any]], roun
     return {n: statistics.median(v) if v else None for n, v in times.items()}
 
 
+def tuned_and_retimed(target: Any, kernels: dict[str, Any], trials: int, rounds: int, seed: int, work_dir: str
+                      ) -> dict[str, dict]:
+    """Each kernel tuned alike (``tuned_best``, its own database in ``work_dir``), then the bests
+    re-timed in turns (``retime_in_turns``): name -> its ``tuned_best`` row with ``retimed_s``."""
+    rows, variants = {}, {}
+    for name, kernel in kernels.items():
+        rows[name], best = tuned_best(kernel, target, trials, os.path.join(work_dir, f"{kernel.name}.db"), seed)
+        variants[name] = (kernel.name, kernel.mod, best)
+    for name, secs in retime_in_turns(target, variants, rounds, seed).items():
+        rows[name]["retimed_s"] = secs
+    return rows
+
+
 def quiet_meta_schedule() -> None:
     """Console output of MetaSchedule at WARNING (its per-task logs still go to work_dir files).
 

@@ -57,7 +57,7 @@ def kernel(variant: str, h: int, c: int):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import machine, publish, retime_in_turns, tuned_best
+    from _peers import machine, publish, tuned_and_retimed
     from bench_kernels import pin_threads
 
     from stormdrop.target import canonical, host_target, physical_cores
@@ -69,13 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-red-") as tmp:
         for shape in args.shapes.split(","):
             h, c = (int(v) for v in shape.lower().split("x"))
-            entry, mods = {"side": h, "channels": c, "bytes": 4 * h * h * c}, {}
-            for variant in VARIANTS:
-                k = kernel(variant, h, c)
-                entry[variant], best = tuned_best(k, target, args.trials, os.path.join(tmp, f"{k.name}.db"), args.seed)
-                mods[variant] = (k.name, k.mod, best)
-            for n, secs in retime_in_turns(target, mods, args.rounds, args.seed).items():
-                entry[n]["retimed_s"] = secs
+            entry = {"side": h, "channels": c, "bytes": 4 * h * h * c}
+            entry.update(tuned_and_retimed(target, {v: kernel(v, h, c) for v in VARIANTS}, args.trials, args.rounds,
+                                           args.seed, tmp))
             raw.append(entry)
             print(json.dumps(entry), flush=True)
     if args.json:

@@ -48,7 +48,7 @@ def spec(c: int, h: int, m: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import machine, publish, retime_in_turns, tuned_best
+    from _peers import machine, publish, tuned_and_retimed
     from bench_kernels import pin_threads
 
     from stormdrop.target import canonical, host_target, physical_cores
@@ -64,15 +64,9 @@ def main(argv: list[str] | None = None) -> int:
             c, h = (int(x) for x in shape.lower().split("x"))
             m = choose_tile("auto", (h, h), c, c)
             entry = {"channels": c, "side": h, "auto": f"winograd{m}" if m else "direct"}
-            mods = {}
-            for name, mm in VARIANTS.items():
-                kernel = parse_kernel(spec(c, h, mm))
-                entry["flops"] = kernel.flops
-                entry[name], best = tuned_best(kernel, target, args.trials, os.path.join(tmp, f"{kernel.name}.db"),
-                                               args.seed)
-                mods[name] = (spec(c, h, mm), kernel.mod, best)
-            for n, secs in retime_in_turns(target, mods, args.rounds, args.seed).items():
-                entry[n]["retimed_s"] = secs
+            kernels = {name: parse_kernel(spec(c, h, mm)) for name, mm in VARIANTS.items()}
+            entry["flops"] = kernels["direct"].flops
+            entry.update(tuned_and_retimed(target, kernels, args.trials, args.rounds, args.seed, tmp))
             raw.append(entry)
             print(json.dumps(entry), flush=True)
     if args.json:

@@ -222,9 +222,8 @@ def fold_permutes(mod: tvm.IRModule) -> tvm.IRModule:
 
 def read_inputs_nchw(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with each NHWC convolution (one group) of an NCHW tensor's NHWC permutation
-    reading the NCHW tensor itself (``conv2d_nchw_nhwc``): the model's input, given in NCHW,
-    was a transpose kernel of its own before the first convolution (9.4 us of a 209-us small
-    MobileNet at 128x128; ONNX Runtime's first convolution reads NCHW too)."""
+    reading the NCHW tensor itself (``conv2d_nchw_nhwc``), so that the model's NCHW input is
+    not a transpose kernel of its own before the first convolution."""
     permute = tvm.ir.Op.get("relax.permute_dims")
     conv = tvm.ir.Op.get("relax.nn.conv2d")
 
@@ -250,7 +249,8 @@ def read_inputs_nchw(mod: tvm.IRModule) -> tvm.IRModule:
 
 
 def legalizations() -> dict[str, Any]:
-    """``LegalizeOps`` overrides for the blocked layouts (NCHW convolutions keep TVM's own)."""
+    """``LegalizeOps`` overrides for the blocked layouts and for NCHW-in, NHWC-out convolutions
+    (``read_inputs_nchw``); other NCHW and NHWC convolutions keep TVM's own."""
     return {"relax.nn.conv2d": _legalize_conv2d}
 
 

@@ -78,16 +78,14 @@ def _as_tuned(model: Model, db: Database, target: Target, lowering: Lowering) ->
     """The model's fused module and tasks as its last tune on ``target`` lowered them: where its
     trial cap kept the convolutions direct (``Lowering.for_budget``) and the tasks so lowered are
     the noted ones (the same network at another input size may have been tuned since)."""
-    fused, tasks = extract_tasks(model, target, lowering)
     note = db.model_notes().get(model.name, {})
-    tuned = lowering.as_tuned(note)
-    if tuned == lowering or note.get("target") != canonical(target):
-        return fused, tasks
-    fused_t, tasks_t = extract_tasks(model, target, tuned)
-    entries = [db.find_workload(k.mod) for k, _ in tasks_t]
-    if {e.workload_id for e in entries if e} == {t["workload_id"] for t in note.get("tasks", [])}:
-        return fused_t, tasks_t
-    return fused, tasks
+    tuned = lowering.as_tuned(note) if note.get("target") == canonical(target) else lowering
+    if tuned != lowering:
+        fused, tasks = extract_tasks(model, target, tuned)
+        entries = [db.find_workload(k.mod) for k, _ in tasks]
+        if {e.workload_id for e in entries if e} == {t["workload_id"] for t in note.get("tasks", [])}:
+            return fused, tasks
+    return extract_tasks(model, target, lowering)
 
 
 def tuned_build(model: Model, db: Database, target: Target, lowering: Lowering | None = None,

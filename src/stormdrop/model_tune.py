@@ -212,8 +212,8 @@ def first_batch_size(trials: int | None, num_tasks: int, batch: int) -> int | No
 def storm_share(trials: int | None, num_tasks: int, trials_per_task: int, first_batch: int | None) -> int:
     """Storm trials of each task: half of ``trials_per_task``, or where the global ``trials`` cap
     cannot give every task that many, half of its share of the cap (at least its first batch), so
-    that the raindrop always has the other half. (Storms of 64 under a 128-trial cap over 8 tasks
-    used all of it: not one raindrop trial, a small CNN at 0.51x ONNX Runtime.)"""
+    that the raindrop always has the other half (storms of a full half per-task cap would take a
+    small cap whole: no raindrop at all)."""
     half = max(1, trials_per_task // 2)
     if trials is None or num_tasks <= 0 or trials >= num_tasks * trials_per_task:
         return half

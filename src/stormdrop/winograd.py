@@ -12,30 +12,18 @@ direct convolutions. MetaSchedule's CPU rules for ``data_pack`` and ``inverse`` 
 by the blocks' ``schedule_rule``) tile, unroll and place them; the GEMM gets the
 multi-level tiling of every GEMM, and the raindrop walks all of their decisions.
 
-Which m (``choose_tile``, ``auto``): the GEMMs read (m + 2)^2 / 9 times more weight
-bytes than a direct convolution and reuse each only over the image's tiles. Inside a
-model the weights come from memory, not from the caches they sit in when a kernel is
-timed over and over, so a Winograd kernel on a small image is bound by streaming its
-larger weights: ResNet-18's 7x7-output convolutions as F(2x2) ran 1.35x faster than
-direct when tuned alone but 2.1x slower inside the model (1367 vs 660 us a call,
-16.8 MB of transformed weights against 9.4 MB; RESULTS.md "Models, 2026-11-24 01:12").
-Streaming (m + 2)^2 * 4 bytes per channel pair at ~14 GB/s costs less than a direct
-convolution's 18 * H * W FLOPs per pair at ~400 GFLOPS only when H * W > ~6.3 (m + 2)^2:
-above ~10x10 outputs for m = 2, ~15x15 for m = 4. Tuned alone on ResNet-18's shapes
-(48 + 48 trials): m = 4 wins at 56x56 and 28x28 (1.8x and 2.3x faster than direct, m = 2
-10-30% behind it), m = 2 equals m = 4 at 14x14 in 2.6x less tuning time. So: m = 4 from
-28x28, m = 2 from 14x14, direct below (and under 16 channels, not measured). ResNets
-are not held out for this choice.
-
-Small convolutions stay direct too: the transforms are a cost per tile and channel that only
-enough GEMM work hides. Tuned alone, 32 + 32 trials (``bench_winograd.py``, RESULTS.md "Winograd
-at small sizes"), Winograd lost at 16 channels 64x64 (0.32x direct), 32 channels 32x32
-(0.92x) and 64 channels 14x14 (0.60x), all under 19 MFLOPs as direct convolutions, and won from
-32.5 MFLOPs (48 channels 28x28 1.39x, 32 channels 56x56 1.27x; before, 80 channels 36x36 and up):
-direct below ``MIN_FLOPS``. And a Winograd kernel needs trials (four stages to schedule): at
-8 + 8 trials the rule's picks ran at 0.66x the direct kernels' speed (geomean), so a model tuned
-under a trial cap of fewer than ``MIN_TRIALS_PER_TASK`` a task keeps every convolution direct
-(``Lowering.for_budget``).
+Which m (``choose_tile``, ``auto``): the GEMMs read (m + 2)^2 / 9 times more weight bytes
+than a direct convolution and reuse each only over the image's tiles. Inside a model the
+weights come from memory, so a Winograd kernel on a small image is bound by streaming its
+larger weights (a kernel faster than direct when tuned alone can be slower inside the
+model): m = 4 from 28x28 outputs, m = 2 from 14x14, direct below and under 16 channels.
+Small convolutions stay direct too (under ``MIN_FLOPS`` as direct convolutions): the
+transforms cost per tile and channel, and only enough GEMM work hides them. A Winograd
+kernel also needs trials (four stages to schedule): a model tuned under a trial cap of
+fewer than ``MIN_TRIALS_PER_TASK`` a task keeps every convolution direct
+(``Lowering.for_budget``). The measurements behind each threshold are in RESULTS.md (the
+"Winograd" sections and the Winograd model runs, with their commands); ResNets and the
+small shapes that set them are not held out.
 """
 
 from __future__ import annotations
