@@ -15,6 +15,7 @@ networks written by ``benchmarks/export_networks.py``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -49,6 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="stormdrop's 3x3 convolutions as Winograd (MetaSchedule tunes the same fused module)")
     p.add_argument("--in-model-candidates", type=int, default=1,
                    help="stormdrop's in-model choice among each task's K best records (1: off, the default)")
+    p.add_argument("--pad-attention", default="on", choices=["on", "off", "ab"],
+                   help="stormdrop computes attentions over a badly tiling sequence at a padded length (on, "
+                        "the default), at their own (off), or tunes both, timed in turns with the peers (ab)")
     p.add_argument("--cache-flush", default="auto", choices=["auto", "off", "on", "ab"],
                    help="stormdrop times candidates with the caches flushed (auto: the library's default, on "
                         "for CPUs), or tunes twice, without and with, both timed in turns with the peers (ab)")
@@ -101,7 +105,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
     from stormdrop.workloads.models import load_model
     from stormdrop.workloads.zoo import SEQUENCE_MODELS
 
-    lowering = Lowering(args.layout, winograd=args.winograd)
+    lowering = Lowering(args.layout, winograd=args.winograd, pad_attention=args.pad_attention != "off")
 
     size = ("seq_len", args.seq_len) if name in SEQUENCE_MODELS else ("resolution", args.resolution)
     kw = {size[0]: size[1]} if size[1] else {}
@@ -127,7 +131,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             os.makedirs(args.keep_db, exist_ok=True)
             db_path = os.path.join(args.keep_db, f"{name}.db")
 
-        def tune(db: str, cache_flush: bool | None, untuned: bool = False):
+        def tune(db: str, cache_flush: bool | None, untuned: bool = False, lowering: Lowering = lowering):
             return tune_model(model, target=target, trials=None if args.time_budget else args.trials,
                               trials_per_task=args.trials_per_task, time_budget=args.time_budget,
                               db=db, seed=args.seed, lowering=lowering, untuned=untuned,
@@ -158,17 +162,23 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             out["untuned_s"] = r.latency_s["untuned"]
         except Exception as err:  # noqa: BLE001 - a failure is a cell
             out["stormdrop"] = {"status": f"failed: {short(err)}", "tuning_s": time.monotonic() - t0}
+        arms = []  # A/B arms: (key, its tuning's measure config, its lowering), tuned and timed like stormdrop's
         if args.cache_flush == "ab":  # the same tuning, candidates timed with the caches flushed
-            cold_db = db_path.replace(".db", "") + ".cold.db" if args.keep_db else os.path.join(tmp, "cold.sqlite")
-            rc = tune(cold_db, True)
-            with Database(cold_db) as db:
-                ex_cold, rows_cold = tuned_build(model, db, target, lowering)
-            task_times_in_model(ex_cold, inputs, target, rows_cold)
-            timers["cold_tuned"] = model_timer(ex_cold, inputs, target)
-            out["cold_tuned"] = {"tuning_s": rc.tuning_s, "trials": sum(sum(t.trials.values()) - t.trials["failed"]
-                                                                        for t in rc.tasks),
-                                 "per_task": [{"name": row.name, "weight": row.weight, "latency_s": row.latency_s,
-                                               "in_model_s": row.in_model_s} for row in rows_cold]}
+            arms.append(("cold_tuned", True, lowering))
+        if args.pad_attention == "ab":  # the same tuning, attentions at their own length
+            arms.append(("unpadded", {"auto": None, "on": True}.get(args.cache_flush, False),
+                         dataclasses.replace(lowering, pad_attention=False)))
+        for key, cache_flush, arm_lowering in arms:
+            arm_db = db_path.replace(".db", "") + f".{key}.db" if args.keep_db else os.path.join(tmp, f"{key}.sqlite")
+            ra = tune(arm_db, cache_flush, lowering=arm_lowering)
+            with Database(arm_db) as db:
+                ex_arm, rows_arm = tuned_build(model, db, target, arm_lowering)
+            task_times_in_model(ex_arm, inputs, target, rows_arm)
+            timers[key] = model_timer(ex_arm, inputs, target)
+            out[key] = {"tuning_s": ra.tuning_s, "trials": sum(sum(t.trials.values()) - t.trials["failed"]
+                                                               for t in ra.tasks),
+                        "per_task": [{"name": row.name, "weight": row.weight, "latency_s": row.latency_s,
+                                      "in_model_s": row.in_model_s} for row in rows_arm]}
     print(f"  {name} stormdrop: tuned in {out['stormdrop']['tuning_s']:.0f} s", flush=True)
     same = out["stormdrop"].get("trials", args.trials) if args.time_budget else args.trials
     runs = [] if args.skip_ms else [("ms_same", same)] + ([] if args.skip_3x else [("ms_3x", 3 * same)])
@@ -191,8 +201,6 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
     out["openvino_s"] = latency.pop("openvino", None)
     if "best_records" in latency:
         out["stormdrop"]["best_records"] = {"latency_s": latency.pop("best_records")}
-    if "cold_tuned" in latency:
-        out["cold_tuned"]["latency_s"] = latency.pop("cold_tuned")
     for key, secs in latency.items():
         out[key]["latency_s"] = secs
     print(f"  {name} latencies (s, median of {args.rounds} interleaved rounds): {latency} "
@@ -235,6 +243,14 @@ def breakdown(raw: list[dict], top: int = 6) -> list[str]:
                          f"warm / cold = {sd['latency_s'] / cold['latency_s']:.2f}; ONNX Runtime / cold = "
                          f"{r['onnxruntime_s'] / cold['latency_s']:.2f}; its kernels timed inside the model "
                          f"{sum(t['in_model_s'] or 0 for t in cold['per_task']) * 1e3:.2f} ms")
+        flat = r.get("unpadded", {})
+        if flat.get("latency_s") and sd.get("latency_s"):
+            lines.append(f"  - tuned with attentions at their own length (--pad-attention ab, {flat['trials']} trials "
+                         f"in {flat['tuning_s']:.0f} s): the model {flat['latency_s'] * 1e3:.2f} ms vs "
+                         f"{sd['latency_s'] * 1e3:.2f} ms padded (timed in turns): unpadded / padded = "
+                         f"{flat['latency_s'] / sd['latency_s']:.2f}; ONNX Runtime / unpadded = "
+                         f"{r['onnxruntime_s'] / flat['latency_s']:.2f}; its kernels timed inside the model "
+                         f"{sum(t['in_model_s'] or 0 for t in flat['per_task']) * 1e3:.2f} ms")
     return lines + ([""] if lines else [])
 
 

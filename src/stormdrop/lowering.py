@@ -13,7 +13,7 @@ import tvm
 from tvm import relax
 from tvm.target import Target
 
-from . import _tvm, fastmath, reductions
+from . import _tvm, attention, fastmath, reductions
 from .errors import SpecError
 from .layout import LAYOUTS, convert_layout
 from .layout import legalizations as layout_legalizations
@@ -35,6 +35,8 @@ class Lowering:
     2304-wide FFN GEMMs' speed after 1200 s; the split is one more kernel).
     ``tiled_reductions``: means and sums over outer axes (NHWC's global pooling) written so
     that the search tiles them (``reductions``), on CPUs.
+    ``pad_attention``: attentions over a sequence that tiles badly (a ViT's 197 tokens)
+    computed at a padded length, masked (``attention.pad_sequences``), on CPUs.
     """
 
     layout: str = "auto"
@@ -42,6 +44,7 @@ class Lowering:
     winograd: str = "auto"
     combine_matmuls: bool = False
     tiled_reductions: bool = True
+    pad_attention: bool = True
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -71,6 +74,8 @@ class Lowering:
         cpu = target.kind.name == "llvm"
         with target:
             mod = relax.transform.CanonicalizeBindings()(mod)
+            if self.pad_attention and cpu:
+                mod = attention.pad_sequences(mod)
             if self.combine_matmuls:  # Q, K and V projections (matmuls sharing their input) as one GEMM
                 mod = _tvm.combine_parallel_matmuls(mod)
             mod = relax.transform.Normalize()(convert_layout(mod, target, self.layout))
