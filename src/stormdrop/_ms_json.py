@@ -120,7 +120,7 @@ def _read_json_lines(path: Path) -> list[tuple[int, Any]]:
             continue
         try:
             obj = json.loads(line)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: nested past Python's limit
             raise DatabaseError(f"malformed JSON in {path} line {lineno}: {one_line(e)}") from None
         if not isinstance(obj, list) or len(obj) != 2:
             raise DatabaseError(f"malformed MetaSchedule entry in {path} line {lineno}")
@@ -148,6 +148,7 @@ def read_metaschedule(in_dir: str) -> list[Any]:
         workloads = []
         for lineno, obj in wl_lines:
             where = f"{path_wl} line {lineno}"
+            _tvm.check_workload_json(obj)
             workloads.append(ms.database.Workload.from_json(obj))
         for lineno, (_, rec) in rec_lines:
             where = f"{path_rec} line {lineno}"

@@ -53,6 +53,10 @@
   instructions use a random variable no earlier instruction defined (a truncated or edited
   file) crashes the process now and then (segmentation fault) instead of raising.
   ``check_trace_json`` refuses such a trace with a ``ValueError`` before TVM sees it.
+- ``tvm.ir.load_json`` decodes an object graph recursively: a graph whose node refers to itself
+  or to a later node, or a chain of a few thousand nodes, overflows the stack (segmentation
+  fault); so does deeply nested JSON text. A module from a file or a database row goes through
+  ``load_object_json`` / ``check_workload_json``, which refuse those with a ``ValueError``.
 - CUDA sources compiled to cubins on the host with NVRTC: ``_nvrtc`` (its notes say why).
 - ``relax.transform.ConvertLayout`` dies with ``std::bad_alloc`` on a ``squeeze`` whose axis
   is negative (torchvision's ViT through PyTorch's exporter: ``Squeeze(axes=[-2])`` in its
@@ -62,6 +66,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import importlib.util
 import json
@@ -203,6 +209,111 @@ def check_trace_json(obj: Any) -> None:
     for d in decisions:
         if not (isinstance(d, list) and len(d) == 2 and isinstance(d[0], int) and 0 <= d[0] < len(insts)):
             raise ValueError(f"decision {d!r} names no instruction of the trace")
+
+
+_INLINE_FIELDS = (0, 1, 2, 3, 5)  # tvm-ffi's None, Int, Bool, Float, DataType: written in place, not as nodes
+_SEQUENCES = ("ffi.Array", "ffi.List", "ffi.Map", "ffi.Dict")
+_SCALARS = ("None", "bool", "int", "float", "DataType", "Device", "ffi.String", "ffi.Bytes", "ffi.Shape")
+MAX_GRAPH_DEPTH = 500  # TVM decodes a graph recursively (an 8 MB stack overflowed at ~1900 nested
+# expressions); the deepest kernel seen in the project's databases is ~50
+
+
+def _reference_fields(type_key: str) -> tuple[bool, dict[str, bool]] | None:
+    """For an object type: whether its data is its own (decoded without other nodes), and each
+    field's name -> whether it holds a node index. None for a type tvm-ffi does not know."""
+    from tvm_ffi import core
+
+    try:
+        index = core._object_type_key_to_index(type_key)
+    except Exception:  # noqa: BLE001 - any failure: an unknown type
+        return None
+    if index is None:
+        return None
+    if core._lookup_type_attr(index, "__data_from_json__", True) is not None:
+        return True, {}
+    fields: dict[str, bool] = {}
+    info = core._type_index_to_type_info(index)
+    while info is not None:
+        for f in info.fields:
+            fields.setdefault(f.name, f.field_static_type_index not in _INLINE_FIELDS)
+        info = info.parent_type_info
+    return False, fields
+
+
+def load_object_json(text: str) -> Any:
+    """``tvm.ir.load_json(text)``, refusing first (``ValueError``, ``check_object_graph``) what
+    would crash TVM rather than raise."""
+    check_object_graph(text)
+    return tvm.ir.load_json(text)
+
+
+def check_object_graph(text: str) -> int:
+    """The depth of the TVM object graph in JSON ``text``; ``ValueError`` for what would crash
+    TVM's loader: it decodes a graph recursively, so a node that refers to itself or to a later
+    node (a cycle), a chain deeper than ``MAX_GRAPH_DEPTH`` or deeply nested JSON kills the
+    process with a stack overflow. A graph as TVM writes it lists every node after the nodes it
+    refers to."""
+    try:
+        graph = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"not JSON: {str(e)[:80]}") from None
+    if not isinstance(graph, dict) or not isinstance(graph.get("nodes"), list):
+        raise ValueError("not a TVM object graph ({'root_index': ..., 'nodes': [...]})")
+    nodes, root = graph["nodes"], graph.get("root_index")
+    if not (isinstance(root, int) and 0 <= root < len(nodes)):
+        raise ValueError(f"root_index {root!r} names no node")
+    known: dict[str, Any] = {}
+    depth = [0] * len(nodes)
+
+    def refs(i: int, node: Any) -> list[Any]:
+        if not (isinstance(node, dict) and isinstance(node.get("type"), str)):
+            raise ValueError(f"node {i} is not {{'type': ..., 'data': ...}}")
+        kind, data = node["type"], node.get("data")
+        flat = data if isinstance(data, list) else list(data.values()) if isinstance(data, dict) else [data]
+        if any(isinstance(x, (list, dict)) for x in flat):
+            raise ValueError(f"node {i} ({kind}) has nested data")
+        if kind in _SEQUENCES:
+            if not isinstance(data, list):
+                raise ValueError(f"node {i} ({kind}) data is not a list of node indices")
+            return data
+        if kind in _SCALARS:
+            return []
+        if kind not in known:
+            known[kind] = _reference_fields(kind)
+        if known[kind] is None:
+            raise ValueError(f"node {i} has an unknown type {kind[:60]!r}")
+        own, fields = known[kind]
+        if own or not isinstance(data, dict):
+            return []
+        return [v for name, v in data.items() if fields.get(name, True) and v is not None]
+
+    for i, node in enumerate(nodes):
+        for j in refs(i, node):
+            if not (isinstance(j, int) and not isinstance(j, bool) and 0 <= j < i):
+                raise ValueError(f"node {i} refers to {j!r}: not an earlier node")
+            depth[i] = max(depth[i], depth[j] + 1)
+        if depth[i] > MAX_GRAPH_DEPTH:
+            raise ValueError(f"node {i} is {depth[i]} references deep (at most {MAX_GRAPH_DEPTH})")
+    return max(depth, default=0)
+
+
+def check_workload_json(obj: Any) -> None:
+    """``ValueError`` unless ``obj`` is a MetaSchedule workload's JSON, ``[structural hash,
+    base64 of (its length, 8 bytes little-endian, then the module's JSON)]``, whose module graph
+    passes ``check_object_graph``."""
+    if not (isinstance(obj, list) and len(obj) == 2 and all(isinstance(x, str) for x in obj)):
+        raise ValueError("a workload is [structural hash, module in base64]")
+    try:
+        blob = base64.b64decode(obj[1], validate=True)
+    except binascii.Error as e:
+        raise ValueError(f"its module is not base64: {e}") from None
+    if len(blob) < 8 or int.from_bytes(blob[:8], "little") != len(blob) - 8:
+        raise ValueError("its module's length does not match its bytes")
+    try:
+        text = blob[8:].decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("its module is not UTF-8 text") from None
+    check_object_graph(text)
 
 
 def schedule_from_trace_json(mod: tvm.IRModule, text: str) -> Schedule:

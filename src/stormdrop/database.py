@@ -25,6 +25,7 @@ import tvm
 import tvm.s_tir.meta_schedule as ms
 import tvm_ffi
 
+from . import _tvm
 from ._claims import Claims
 from ._schema import RECORD_COLS, WORKLOAD_COLS, open_connection, record_from_row
 from .errors import DatabaseError, one_line
@@ -156,7 +157,11 @@ class Database(Claims):
         wid, name, op_class, flops, shash, mod_json = row
         mod = self._mods.get(wid)
         if mod is None:
-            mod = self._mods[wid] = tvm.ir.load_json(mod_json)
+            try:
+                mod = self._mods[wid] = _tvm.load_object_json(mod_json)
+            except ValueError as e:  # crafted or damaged: TVM would crash on some of it
+                raise DatabaseError(f"database {self.path}: workload {wid} ({str(name)[:60]!r}) is not a module: "
+                                    f"{one_line(e)}") from None
         return WorkloadEntry(wid, name, op_class, int(flops), shash, mod)
 
     def find_workload(self, mod: tvm.IRModule) -> WorkloadEntry | None:

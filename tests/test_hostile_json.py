@@ -1,0 +1,123 @@
+"""Crafted module JSON (in an imported MetaSchedule file or a database row) is refused with one
+line; TVM's loader, which would crash the process on it, never sees it (``_tvm.check_object_graph``)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+import tvm
+import tvm_ffi
+from dbutil import dump, fill, stormdrop_cli
+
+from stormdrop import _tvm
+from stormdrop.database import Database, export_metaschedule
+
+
+def _graph(mod) -> dict:
+    return json.loads(tvm.ir.save_json(mod))
+
+
+def _crafted(graph: dict, how: str) -> str:
+    """``graph`` made hostile: ``self`` (its root refers to itself), ``later`` (to a later node),
+    ``deep`` (a chain of 5,000 arrays under the root), ``nested`` (100,000 nested JSON arrays)."""
+    nodes, root = graph["nodes"], graph["root_index"]
+    if how == "nested":
+        return "[" * 100_000 + "]" * 100_000
+    if how == "self":
+        nodes.append({"type": "ffi.Array", "data": [len(nodes)]})
+    elif how == "later":
+        nodes.append({"type": "ffi.Array", "data": [len(nodes) + 1]})
+        nodes.append({"type": "ffi.Array", "data": [root]})
+    else:
+        nodes.append({"type": "ffi.Array", "data": [root]})
+        for _ in range(5000):
+            nodes.append({"type": "ffi.Array", "data": [len(nodes) - 1]})
+    graph["root_index"] = len(nodes) - 1
+    return json.dumps(graph)
+
+
+HOW = ["self", "later", "deep", "nested"]
+
+
+def test_a_module_graph_as_tvm_writes_it_passes(mod) -> None:
+    text = tvm.ir.save_json(mod)
+    assert 0 < _tvm.check_object_graph(text) < _tvm.MAX_GRAPH_DEPTH
+    assert tvm_ffi.structural_equal(_tvm.load_object_json(text), mod)
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_a_crafted_module_graph_is_refused_before_tvm_sees_it(mod, how) -> None:
+    with pytest.raises(ValueError):
+        _tvm.check_object_graph(_crafted(_graph(mod), how))
+
+
+def test_a_self_referencing_graph_crashes_tvm_itself(tmp_path: Path, mod) -> None:
+    """Why the check exists: the same text handed to TVM kills the process (SIGSEGV)."""
+    path = tmp_path / "g.json"
+    path.write_text(_crafted(_graph(mod), "self"))
+    import subprocess
+    import sys
+
+    code = f"import tvm; tvm.ir.load_json(open({str(path)!r}).read())"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=300).returncode < 0
+
+
+def _blob(text: str) -> str:
+    data = text.encode()
+    return base64.b64encode(len(data).to_bytes(8, "little") + data).decode()
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_import_of_a_crafted_workload_file_is_one_line_and_changes_nothing(tmp_path: Path, mod, traces, how) -> None:
+    path = tmp_path / "keep.db"
+    with Database(path) as db:
+        fill(db, mod, traces[:1])
+        good = tmp_path / "good"
+        export_metaschedule(db, str(good))
+    before = dump(path)
+    shash, b64 = json.loads((good / "database_workload.json").read_text().splitlines()[0])
+    raw = base64.b64decode(b64)[8:].decode()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "database_workload.json").write_text(json.dumps([shash, _blob(_crafted(json.loads(raw), how))]) + "\n")
+    (bad / "database_tuning_record.json").write_text((good / "database_tuning_record.json").read_text())
+    r = stormdrop_cli("import", str(bad), "--db", str(path))
+    assert r.returncode == 2, (r.returncode, r.stderr[-400:])
+    assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert "database_workload.json line 1" in r.stderr
+    assert dump(path) == before
+
+
+def test_a_nested_record_line_is_one_line(tmp_path: Path, mod, traces) -> None:
+    path = tmp_path / "keep.db"
+    with Database(path) as db:
+        fill(db, mod, traces[:1])
+        good = tmp_path / "good"
+        export_metaschedule(db, str(good))
+    before = dump(path)
+    (good / "database_tuning_record.json").write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    r = stormdrop_cli("import", str(good), "--db", str(path))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert dump(path) == before
+
+
+@pytest.mark.parametrize("how", ["self", "deep"])
+def test_a_crafted_module_in_a_database_row_is_one_line_from_show_and_report(tmp_path: Path, mod, traces,
+                                                                           how) -> None:
+    path = tmp_path / "bad.db"
+    with Database(path) as db:
+        fill(db, mod, traces[:1])
+    with sqlite3.connect(path) as con:
+        (text,) = con.execute("SELECT mod_json FROM workloads").fetchone()
+        con.execute("UPDATE workloads SET mod_json=?", (_crafted(json.loads(text), how),))
+    before = dump(path)
+    for args in (["show", "--db", str(path)], ["report", "--db", str(path), "--out", str(tmp_path / "r")]):
+        r = stormdrop_cli(*args)
+        assert r.returncode == 2, (args, r.returncode, r.stderr[-400:])
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+        assert "workload 1" in r.stderr
+    assert dump(path) == before
