@@ -121,3 +121,27 @@ def test_a_crafted_module_in_a_database_row_is_one_line_from_show_and_report(tmp
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
         assert "workload 1" in r.stderr
     assert dump(path) == before
+
+
+@pytest.mark.parametrize("secs", ["[-1.0]", "[0.0]", "[1e-300]", "[-Infinity]", "[NaN]", "[]", '["0.001"]', "empty trace"])
+def test_an_impossible_imported_record_is_refused_and_changes_nothing(tmp_path: Path, mod, traces, secs) -> None:
+    """Run times must be finite and at least a nanosecond (a fake-fast record would stay a task's
+    best), and a trace must have instructions."""
+    path = tmp_path / "keep.db"
+    with Database(path) as db:
+        fill(db, mod, traces[:1])
+        good = tmp_path / "good"
+        export_metaschedule(db, str(good))
+    before = dump(path)
+    index, rec = json.loads((good / "database_tuning_record.json").read_text().splitlines()[0])
+    line = json.dumps([index, rec])
+    if secs == "empty trace":
+        rec[0] = [[], []]
+        line = json.dumps([index, rec])
+    else:
+        line = line.replace(json.dumps(rec[1]), secs, 1)
+    (good / "database_tuning_record.json").write_text(line + "\n")
+    r = stormdrop_cli("import", str(good), "--db", str(path))
+    assert r.returncode == 2, (r.returncode, r.stderr[-400:])
+    assert len(r.stderr.strip().splitlines()) == 1 and "database_tuning_record.json line 1" in r.stderr
+    assert dump(path) == before

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -128,6 +129,23 @@ def _read_json_lines(path: Path) -> list[tuple[int, Any]]:
     return out
 
 
+MIN_RUN_SECS = 1e-9  # no kernel runs in less than a nanosecond: a smaller time is not a measurement
+
+
+def _check_run_secs(rec: Any) -> None:
+    """``ValueError`` unless the record ``[trace, run_secs, ...]`` has a non-empty trace and finite
+    run times of at least ``MIN_RUN_SECS`` (MetaSchedule's failure marker, 1e9 s and up, included)."""
+    if not (isinstance(rec, list) and len(rec) >= 2 and rec[0][0]):
+        raise ValueError("an empty trace")
+    secs = rec[1]
+    if secs is None:
+        return
+    if not (isinstance(secs, list) and secs and all(
+            isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and s >= MIN_RUN_SECS
+            for s in secs)):
+        raise ValueError(f"run times {str(secs)[:60]} are not finite times of at least {MIN_RUN_SECS:g} s")
+
+
 def read_metaschedule(in_dir: str) -> list[Any]:
     """The ``TuningRecord``s of a MetaSchedule JSON database directory, in file order.
 
@@ -159,6 +177,7 @@ def read_metaschedule(in_dir: str) -> list[Any]:
             if not isinstance(index, int) or not 0 <= index < len(workloads):
                 raise ValueError(f"workload index {index!r} out of range")
             _tvm.check_trace_json(rec[0] if isinstance(rec, list) and rec else None)
+            _check_run_secs(rec)
             records.append(ms.database.TuningRecord.from_json(rec, workloads[index]))
     except Exception as e:  # TVM raises assorted errors for bad entries
         raise DatabaseError(f"malformed MetaSchedule entry in {where}: {one_line(e)}") from None
