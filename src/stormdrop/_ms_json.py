@@ -194,13 +194,17 @@ def _flops(mod: tvm.IRModule) -> int:
 
 
 def import_metaschedule(db: Database, in_dir: str) -> int:
-    """Import a MetaSchedule JSON database directory into ``db`` in one transaction.
+    """``import_records`` of the MetaSchedule JSON database directory ``in_dir``."""
+    return import_records(db, read_metaschedule(in_dir))
+
+
+def import_records(db: Database, ms_records: list[Any]) -> int:
+    """Import MetaSchedule ``TuningRecord``s (``read_metaschedule``) into ``db`` in one transaction.
 
     Workloads are named ``imported_<shash>`` (op class ``imported``); MetaSchedule's
     failure marker (run_secs >= 1e9) becomes a ``RUN_ERROR`` record. Returns the number
     of records imported (candidates already in ``db`` are skipped).
     """
-    ms_records = read_metaschedule(in_dir)
     prepared: list[tuple[tvm.IRModule, Record]] = []
     now = time.time()
     for rec in ms_records:

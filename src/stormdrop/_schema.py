@@ -8,6 +8,7 @@ import sqlite3
 import time
 import urllib.parse
 from pathlib import Path
+from typing import Any
 
 from .errors import DatabaseError, one_line
 from .records import ErrorKind, MeasureResult, Phase, Record
@@ -163,24 +164,40 @@ def _open_read_only(p: Path, path: str) -> sqlite3.Connection:
     with open(p, "rb") as f:
         if f.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
             raise DatabaseError(f"not a stormdrop database: {path}")
-    empty, version = _check_existing(p, path)
+    empty, version = _check_existing(p, path, read_only=True)
     if empty:
         raise DatabaseError(f"not a stormdrop database (no tables): {path}")
     if version != SCHEMA_VERSION:
-        raise DatabaseError(f"database {path} has schema version {version}: open it once read-write "
-                            f"(e.g. `stormdrop show --db {path}`) to upgrade it")
-    uri = "file:" + urllib.parse.quote(str(p.resolve())) + "?mode=ro"
+        raise DatabaseError(f"database {path} has schema version {version}: a tune with this --db upgrades it")
     try:
-        return sqlite3.connect(uri, uri=True, timeout=60.0, isolation_level=None, check_same_thread=False)
+        return _connect_read_only(p, timeout=60.0, isolation_level=None, check_same_thread=False)
     except sqlite3.Error as e:
         raise DatabaseError(f"cannot open database {path}: {one_line(e)}") from None
 
 
-def _check_existing(p: Path, path: str) -> tuple[bool, int]:
-    """Validate an existing SQLite file read-only: (whether it holds no tables yet, its schema version)."""
+def _connect_read_only(p: Path, **kw: Any) -> sqlite3.Connection:
+    """A connection that writes nothing, not even beside the file. Without a ``-wal`` file (no
+    tuner has the database open), ``immutable=1``: SQLite's ``mode=ro`` on a WAL database leaves
+    ``-wal`` and ``-shm`` files behind, and cannot open it where the directory is read-only.
+    With one, ``mode=ro``, so that the writer's last commits are read, then ``immutable=1`` if
+    that cannot open (a read-only mount after a crash: the records up to the last checkpoint)."""
+    base = "file:" + urllib.parse.quote(str(p.resolve()))
+    if not Path(str(p) + "-wal").exists():
+        return sqlite3.connect(base + "?immutable=1", uri=True, **kw)
+    try:
+        conn = sqlite3.connect(base + "?mode=ro", uri=True, **kw)
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return conn
+    except sqlite3.OperationalError:
+        return sqlite3.connect(base + "?immutable=1", uri=True, **kw)
+
+
+def _check_existing(p: Path, path: str, read_only: bool = False) -> tuple[bool, int]:
+    """Validate an existing SQLite file read-only: (whether it holds no tables yet, its schema version).
+    ``read_only``: with a connection that leaves nothing beside the file (``_connect_read_only``)."""
     uri = "file:" + urllib.parse.quote(str(p.resolve())) + "?mode=ro"
     try:
-        conn = sqlite3.connect(uri, uri=True, timeout=60.0)
+        conn = _connect_read_only(p, timeout=60.0) if read_only else sqlite3.connect(uri, uri=True, timeout=60.0)
     except sqlite3.Error as e:
         raise DatabaseError(f"cannot open database {path}: {one_line(e)}") from None
     try:

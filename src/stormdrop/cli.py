@@ -304,7 +304,8 @@ def _cmd_zoo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _open_db(path: str | None, must_exist: bool = True):
+def _open_db(path: str | None, must_exist: bool = True, read_only: bool = False):
+    """``read_only``: a command that only reads (never creates, upgrades or writes beside the file)."""
     import os
 
     from .database import Database, default_db_path
@@ -312,13 +313,13 @@ def _open_db(path: str | None, must_exist: bool = True):
     path = path or default_db_path()
     if must_exist and not os.path.exists(path):
         raise SpecError(f"--db: no database at {path}")
-    return Database(path)
+    return Database(path, read_only=read_only)
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
     from .report import format_best_table
 
-    with _open_db(args.db) as db:
+    with _open_db(args.db, read_only=True) as db:
         print(format_best_table(db))
     return 0
 
@@ -337,17 +338,18 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from .database import export_metaschedule
 
-    with _open_db(args.db) as db:
+    with _open_db(args.db, read_only=True) as db:
         n = export_metaschedule(db, args.out)
     print(f"exported {n} records to {args.out}")
     return 0
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from .database import import_metaschedule
+    from ._ms_json import import_records, read_metaschedule
 
+    records = read_metaschedule(args.dir)  # refused before the database is created or opened
     with _open_db(args.db, must_exist=False) as db:
-        n = import_metaschedule(db, args.dir)
+        n = import_records(db, records)
     print(f"imported {n} records from {args.dir}")
     return 0
 

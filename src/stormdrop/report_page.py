@@ -133,7 +133,7 @@ def open_compared(path: str, workdir: str) -> Database:
         return db
     if not os.path.exists(path):
         raise SpecError(f"--compare: no database at {path}")
-    return Database(path)
+    return Database(path, read_only=True)
 
 
 def write_report(db_path: str, out_dir: str, *, model: str | None = None, workloads: Sequence[str] = (),
@@ -141,7 +141,7 @@ def write_report(db_path: str, out_dir: str, *, model: str | None = None, worklo
     """Write ``out_dir/index.html`` and return its path."""
     if not os.path.exists(db_path):
         raise SpecError(f"--db: no database at {db_path}")
-    with Database(db_path) as db:
+    with Database(db_path, read_only=True) as db:
         runs = [read_run(db, label=Path(db_path).name, model=model, workloads=workloads, target=target)]
     if compare:
         with tempfile.TemporaryDirectory(prefix="stormdrop-report-") as tmp:
