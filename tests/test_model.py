@@ -262,6 +262,7 @@ def test_cli_time_budget_keeps_tuning_past_the_per_task_cap(tmp_path):
         assert 45 / 2 <= doc["tuning_s"] <= 50, doc["tuning_s"]
     assert "Share" in r.stdout  # each task's share of the model's time
     assert so.stat().st_size > 0
+    assert not [p.name for p in tmp_path.iterdir() if "partial" in p.name or p.name.endswith(".tmp")]  # renamed whole
     assert "Scope Saving" not in r.stderr
 
 

@@ -329,20 +329,26 @@ _EXPORT_NOISE = "Warning: Scope Saving:"
 
 
 def export_library(executable: Any, path: str) -> None:
-    """``executable.export_library(path)`` without TVM's per-item "Scope Saving" warnings.
+    """``executable.export_library(path)`` without TVM's per-item "Scope Saving" warnings, and
+    whole or not at all: linked beside ``path``, then renamed over it.
 
     The C++ logger writes to file descriptor 2, out of Python's reach: fd 2 points to a
     temporary file during the call, and every other line is written back to stderr.
     """
     import tempfile
 
+    where, name = os.path.split(os.path.abspath(path))
+    partial = os.path.join(where, f".{name}.{os.getpid()}.partial{os.path.splitext(name)[1]}")
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+b") as tmp:
         os.dup2(tmp.fileno(), 2)
         try:
-            executable.export_library(path)
+            executable.export_library(partial)
+            os.replace(partial, path)
         finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
             os.dup2(saved, 2)
             os.close(saved)
             tmp.seek(0)

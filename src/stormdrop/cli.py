@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import math
+import os
 import sys
+import tempfile
 
 from . import __version__
 from .errors import SpecError, StormdropError
@@ -18,17 +22,22 @@ class _Parser(argparse.ArgumentParser):
         raise SpecError(message)
 
 
-def _positive(kind: type):
+def _positive(kind: type, minimum: float = 0, strict: bool = False):
+    """An option's parser: a finite ``kind`` of at least ``minimum`` (above it where ``strict``)."""
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"expected a non-negative value, got {text!r}")
+        if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+            bound = f"above {minimum:g}" if strict else f"at least {minimum:g}"
+            raise argparse.ArgumentTypeError(f"expected a finite number {bound}, got {text!r}")
         return value
 
     return parse
+
+
+_SECONDS = _positive(float, 0, strict=True)  # a budget, a timeout: 0 would mean none, or nothing
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 1000, or no cap when --time-budget is given)")
     t.add_argument("--exploit-trials", type=_positive(int), default=None,
                    help="raindrop (exploitation) candidates at most (default: same as --trials)")
-    t.add_argument("--time-budget", type=_positive(float), default=None, metavar="SECONDS",
+    t.add_argument("--time-budget", type=_SECONDS, default=None, metavar="SECONDS",
                    help="stop tuning after this many seconds (then verify, compile and time the best)")
     t.add_argument("--db", default=None, help="SQLite database (default: per-user data directory)")
     t.add_argument("--json", default=None, metavar="PATH", help="write the result as JSON")
@@ -58,25 +67,25 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--register-tiles", type=int, default=8, metavar="N",
                    help="CPU: the raindrop first measures up to N register-blocked micro-kernel shapes of the "
                         "best schedule's innermost tiles (0: off)")
-    t.add_argument("--batch-size", type=_positive(int), default=16, help="storm candidates per batch")
-    t.add_argument("--repeat", type=_positive(int), default=5,
+    t.add_argument("--batch-size", type=_positive(int, 1), default=16, help="storm candidates per batch")
+    t.add_argument("--repeat", type=_positive(int, 1), default=5,
                    help="timed samples per candidate (at least 2: the raindrop's t-test compares them)")
     t.add_argument("--min-repeat-ms", type=_positive(float), default=20.0)
     t.add_argument("--cache-flush", action=argparse.BooleanOptionalAction, default=None,
                    help="time each sample with the CPU caches flushed of the kernel's weights and output, as "
                         "inside a model (default: on for --model on a CPU, off for --kernel)")
-    t.add_argument("--build-timeout", type=_positive(float), default=60.0)
-    t.add_argument("--run-timeout", type=_positive(float), default=30.0)
+    t.add_argument("--build-timeout", type=_SECONDS, default=60.0)
+    t.add_argument("--run-timeout", type=_SECONDS, default=30.0)
     t.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT", help="time on a device of this RPC tracker")
     t.add_argument("--rpc-key", default=None, help="device key at the RPC tracker")
     t.add_argument("--rpc-devices", type=_positive(int), default=0, metavar="N",
                    help="time on at most N devices under the key at once (default: every free one)")
-    t.add_argument("--rpc-retry", type=_positive(float), default=120.0, metavar="SECONDS",
+    t.add_argument("--rpc-retry", type=_SECONDS, default=120.0, metavar="SECONDS",
                    help="how long a lost RPC session is tried again (a tracker or server restarted) before "
                         "that device counts as lost (default 120)")
-    t.add_argument("--rpc-session-timeout", type=_positive(float), default=600.0, metavar="SECONDS",
+    t.add_argument("--rpc-session-timeout", type=_SECONDS, default=600.0, metavar="SECONDS",
                    help="the session length asked of the tracker; a session is renewed before it ends (default 600)")
-    t.add_argument("--rpc-join-every", type=_positive(float), default=60.0, metavar="SECONDS",
+    t.add_argument("--rpc-join-every", type=_SECONDS, default=60.0, metavar="SECONDS",
                    help="how often the tracker is asked for devices freed since the start, which then join "
                         "(between batches; default 60)")
     t.add_argument("--no-progress", action="store_true")
@@ -90,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "then Droplet from the best transfer (default: reuse,storm,raindrop)")
     t.add_argument("--no-prior", dest="prior", action="store_false",
                    help="x86: start the storm's cost model cold instead of from the shipped prior")
-    t.add_argument("--trials-per-task", type=_positive(int), default=128,
+    t.add_argument("--trials-per-task", type=_positive(int, 1), default=128,
                    help="model: at most this many candidates per task, half storm, half raindrop")
     t.add_argument("--layout", default="auto", choices=["auto", "nhwc", "blocked", "nchw"],
                    help="model: convolutions' layout (auto: NHWC on CPUs; blocked: NCHW16c on AVX-512, "
@@ -103,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--combine-matmuls", action="store_true",
                    help="model: matmuls of one input by constant weights (Q/K/V) as one GEMM and a split")
     t.add_argument("--output", default=None, metavar="PATH", help="model: write the compiled model (.so)")
-    t.add_argument("--in-model-candidates", type=_positive(int), default=1, metavar="K",
+    t.add_argument("--in-model-candidates", type=_positive(int, 1), default=1, metavar="K",
                    help="model: each task deploys whichever of its K best records runs fastest inside the compiled "
                         "model, each kernel timed in place (K model compiles after tuning; 1: the best as tuned). "
                         "Default 1 (off): +3%% on mobilenet_v2, nothing on held-out inception_v3, and its compiles come out of "
@@ -112,9 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model: compile and time the untuned build too (naive loops on CPUs: minutes for BERT-base; "
                         "always run as the reference for a model without an ONNX graph)")
     t.add_argument("--input-shape", action="append", default=None, metavar="NAME:1x3x224x224")
-    t.add_argument("--batch", type=_positive(int), default=1)
-    t.add_argument("--resolution", type=_positive(int), default=None, help="zoo image models: input size")
-    t.add_argument("--seq-len", type=_positive(int), default=None, help="zoo BERT: sequence length")
+    t.add_argument("--batch", type=_positive(int, 1), default=1)
+    t.add_argument("--resolution", type=_positive(int, 1), default=None, help="zoo image models: input size")
+    t.add_argument("--seq-len", type=_positive(int, 1), default=None, help="zoo BERT: sequence length")
 
     z = sub.add_parser("zoo", help="the built-in model zoo")
     zsub = z.add_subparsers(dest="zoo_command", required=True, parser_class=_Parser)
@@ -122,9 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     ze = zsub.add_parser("export", help="write a zoo model as ONNX")
     ze.add_argument("name")
     ze.add_argument("out")
-    ze.add_argument("--batch", type=_positive(int), default=1)
-    ze.add_argument("--resolution", type=_positive(int), default=None)
-    ze.add_argument("--seq-len", type=_positive(int), default=None)
+    ze.add_argument("--batch", type=_positive(int, 1), default=1)
+    ze.add_argument("--resolution", type=_positive(int, 1), default=None)
+    ze.add_argument("--seq-len", type=_positive(int, 1), default=None)
 
     b = sub.add_parser("bench", help="a model side by side: untuned, tuned (from the database), ONNX Runtime")
     b.add_argument("--model", required=True, metavar="NAME|PATH")
@@ -140,9 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time the untuned and tuned builds on a device of this tracker")
     b.add_argument("--rpc-key", default=None)
     b.add_argument("--input-shape", action="append", default=None, metavar="NAME:1x3x224x224")
-    b.add_argument("--batch", type=_positive(int), default=1)
-    b.add_argument("--resolution", type=_positive(int), default=None)
-    b.add_argument("--seq-len", type=_positive(int), default=None)
+    b.add_argument("--batch", type=_positive(int, 1), default=1)
+    b.add_argument("--resolution", type=_positive(int, 1), default=None)
+    b.add_argument("--seq-len", type=_positive(int, 1), default=None)
 
     s = sub.add_parser("show", help="best record per workload")
     s.add_argument("--db", default=None)
@@ -171,6 +180,35 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_output(path: str | None, flag: str) -> None:
+    """``flag``'s file can be written (its directory exists and is writable): checked before any work."""
+    if not path:
+        return
+    where = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise SpecError(f"{flag}: {path} is a directory")
+    if not os.path.isdir(where):
+        raise SpecError(f"{flag}: no directory {where}")
+    if not os.access(where, os.W_OK):
+        raise SpecError(f"{flag}: cannot write in {where}")
+
+
+def _write_json(path: str, obj: object) -> None:
+    """``obj`` as JSON at ``path``, whole or not at all: written beside it, then renamed over it."""
+    where = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=where, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def _cmd_tune(args: argparse.Namespace) -> int:
     from .kernel_tune import tune_kernel
     from .phases import parse_phases
@@ -179,6 +217,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from .target import describe, parse_target
     from .workloads import parse_kernel
 
+    _check_output(args.json, "--json")
+    _check_output(args.output, "--output")
     if args.model:
         return _cmd_tune_model(args)
     kernel = parse_kernel(args.kernel)  # validate input before any slow work
@@ -196,8 +236,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     print(task_table(result.tasks))
     print(f"target: {describe(target)}   tuning: {result.tuning_s:.1f} s")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result.to_json(), f, indent=2)
+        _write_json(args.json, result.to_json())
     return 0
 
 
@@ -270,8 +309,7 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
           f"{untuned}onnxruntime {fmt(lat.get('onnxruntime'))}, openvino {fmt(lat.get('openvino'))}; "
           f"tuning {result.tuning_s:.1f} s (stopped: {result.stopped_by}); output matches the reference (max |diff| {result.max_abs_error:.2g})")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result.to_json(), f, indent=2)
+        _write_json(args.json, result.to_json())
     return 0
 
 
@@ -280,6 +318,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from .target import parse_target
     from .workloads.models import load_model, parse_input_shapes
 
+    _check_output(args.json, "--json")
     target = parse_target(args.target)
     model = load_model(args.model, input_shapes=parse_input_shapes(args.input_shape), batch=args.batch,
                        resolution=args.resolution, seq_len=args.seq_len, seed=args.seed)
@@ -287,8 +326,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         result = bench_model(model, db=db, target=target, seed=args.seed, lowering=_lowering(args), rpc=_rpc(args))
     print(format_bench(result))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result.to_json(), f, indent=2)
+        _write_json(args.json, result.to_json())
     return 0
 
 
@@ -306,8 +344,6 @@ def _cmd_zoo(args: argparse.Namespace) -> int:
 
 def _open_db(path: str | None, must_exist: bool = True, read_only: bool = False):
     """``read_only``: a command that only reads (never creates, upgrades or writes beside the file)."""
-    import os
-
     from .database import Database, default_db_path
 
     path = path or default_db_path()
