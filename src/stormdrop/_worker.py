@@ -10,6 +10,7 @@ Builder workers answer ``build``; runner workers answer ``reference`` and ``run`
 from __future__ import annotations
 
 import os
+import sys
 import time
 import traceback
 from typing import Any
@@ -334,16 +335,38 @@ class _RunnerState:
         return {"run_secs": secs}
 
 
+def _die_with(parent: int) -> None:
+    """Exit when process ``parent`` (the tuner) is gone, even while busy in a kernel: Linux's
+    parent-death signal, and a thread watching the parent's pid elsewhere. Ctrl-C is the
+    tuner's to handle (it stops its workers), not a traceback here."""
+    import signal
+    import threading
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # gone already
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
 def main(argv: list[str]) -> None:
-    """``python -m stormdrop._worker FD ROLE TARGET_JSON RPC_JSON``."""
+    """``main([FD, ROLE, TARGET_JSON, RPC_JSON, PARENT_PID])``: a worker's entry (``workers.Worker``)."""
     import json
     from multiprocessing.connection import Connection
 
-    fd, role, target_json, rpc_json = int(argv[0]), argv[1], argv[2], argv[3]
+    fd, role, target_json, rpc_json, parent = int(argv[0]), argv[1], argv[2], argv[3], int(argv[4])
+    _die_with(parent)
     serve(Connection(fd), role, target_json, json.loads(rpc_json))
 
 
 if __name__ == "__main__":
-    import sys
-
     main(sys.argv[1:])

@@ -8,8 +8,10 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 import tempfile
+import threading
 
 from . import __version__
 from .errors import SpecError, StormdropError
@@ -403,8 +405,18 @@ COMMANDS = {"tune": _cmd_tune, "bench": _cmd_bench, "show": _cmd_show, "report":
             "zoo": _cmd_zoo}
 
 
+class _Terminated(Exception):
+    """SIGTERM (a batch scheduler's stop): handled as Ctrl-C is."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     verbose = 0
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         args = build_parser().parse_args(argv)
         verbose = args.verbose
@@ -416,6 +428,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("stormdrop: interrupted; every measured record is kept in the database", file=sys.stderr)
         return 130
+    except _Terminated:
+        print("stormdrop: terminated; every measured record is kept in the database", file=sys.stderr)
+        return 143
     except Exception as err:  # noqa: BLE001 - never a traceback for the user, unless -v
         if verbose:
             raise

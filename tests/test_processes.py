@@ -1,0 +1,94 @@
+"""A tuner's workers: isolated from the working directory, gone when their tuner is, and quiet
+on Ctrl-C; the tuner stops on Ctrl-C and SIGTERM with one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from dbutil import SPEC, stored_rows
+
+SCRIPT = Path(sys.executable).with_name("stormdrop")  # the console script: no working directory on sys.path
+pytestmark = pytest.mark.skipif(not SCRIPT.exists() or not sys.platform.startswith("linux"),
+                                reason="the stormdrop console script and /proc")
+
+
+def _workers(parent: int) -> list[int]:
+    """The pids of ``parent``'s worker processes."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"stormdrop._worker" in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _start(tmp_path: Path, cwd: Path | None = None) -> tuple[subprocess.Popen, list[int]]:
+    """A long kernel tune, once its workers have measured something."""
+    db = tmp_path / "t.db"
+    proc = subprocess.Popen([str(SCRIPT), "tune", "--kernel", SPEC, "--trials", "2000", "--time-budget", "300",
+                             "--db", str(db), "--no-progress"], cwd=cwd or tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-600:]
+        if db.exists() and len(stored_rows(db)) >= 2 and len(_workers(proc.pid)) >= 2:
+            return proc, _workers(proc.pid)
+        time.sleep(0.5)
+    proc.kill()
+    raise AssertionError("the tune measured nothing in 240 s")
+
+
+def test_workers_do_not_import_from_the_working_directory(tmp_path: Path) -> None:
+    """A ``tvm.py`` in the directory the user runs from is not imported by any process."""
+    (tmp_path / "tvm.py").write_text("raise SystemExit('the working directory was imported')\n")
+    r = subprocess.run([str(SCRIPT), "tune", "--kernel", SPEC, "--trials", "4", "--exploit-trials", "0",
+                        "--db", str(tmp_path / "t.db"), "--no-progress"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-600:]
+
+
+def test_workers_exit_when_their_tuner_is_killed(tmp_path: Path) -> None:
+    proc, workers = _start(tmp_path)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    deadline = time.monotonic() + 15
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [w for w in workers if _alive(w)]
+
+
+@pytest.mark.parametrize("sig,code,word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_ctrl_c_and_sigterm_stop_the_tune_with_one_line_and_keep_its_records(tmp_path: Path, sig, code,
+                                                                              word) -> None:
+    proc, workers = _start(tmp_path)
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)  # as a terminal does: the whole foreground group, workers included
+    else:
+        proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err[-600:]
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and word in err, err[-600:]
+    assert len(stored_rows(tmp_path / "t.db")) >= 2
+    deadline = time.monotonic() + 15
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [w for w in workers if _alive(w)]
