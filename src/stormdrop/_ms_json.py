@@ -73,28 +73,18 @@ def export_metaschedule(db: Database, out_dir: str, *, target: str | None = None
             for rec in db.records(wl.workload_id, want):
                 if not rec.ok or not rec.result.run_secs:
                     continue
-                if rec.target not in targets:
-                    _tvm.load_tensor_intrinsics(_target_kind(rec.target))
-                    targets[rec.target] = tvm.target.Target(json.loads(rec.target))
-                try:
+                try:  # a stale trace or a damaged row must not stop the export
+                    if rec.target not in targets:
+                        _tvm.load_tensor_intrinsics(_target_kind(rec.target))
+                        targets[rec.target] = tvm.target.Target(json.loads(rec.target))
                     trace = _tvm.schedule_from_trace_json(wl.mod, rec.trace_json).trace
-                except Exception as e:  # a stale trace must not stop the export
-                    logger.warning(
-                        "skipping record %s of %s: trace does not replay: %s",
-                        rec.record_id,
-                        wl.name,
-                        one_line(e),
-                    )
+                    ms_rec = ms.database.TuningRecord(trace, ms_wl, run_secs=[float(x) for x in rec.result.run_secs],
+                                                      target=targets[rec.target],
+                                                      args_info=_args_info(rec.args_info_json, wl.mod))
+                except Exception as e:  # noqa: BLE001 - TVM raises assorted errors
+                    logger.warning("skipping record %s of %s: %s", rec.record_id, wl.name, one_line(e))
                     continue
-                jdb.commit_tuning_record(
-                    ms.database.TuningRecord(
-                        trace,
-                        ms_wl,
-                        run_secs=[float(x) for x in rec.result.run_secs],
-                        target=targets[rec.target],
-                        args_info=_args_info(rec.args_info_json, wl.mod),
-                    )
-                )
+                jdb.commit_tuning_record(ms_rec)
                 written += 1
         del jdb
         for name in (WORKLOAD_FILE, RECORD_FILE):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import sqlite3
 import time
@@ -67,9 +68,14 @@ WORKLOAD_COLS = "workload_id, name, op_class, flops, shash, mod_json"
 
 
 def record_from_row(row: tuple) -> Record:
+    """A records row as a ``Record``; ``ValueError``, ``TypeError``, ``OverflowError`` or
+    ``RecursionError`` for a malformed one (``database.Database`` turns them into one line)."""
     (rid, wid, target, key, trace_json, args_json, run_secs, error, error_msg, phase, at, ver, attempts) = row
     if error is None:
-        result = MeasureResult(run_secs=tuple(float(x) for x in json.loads(run_secs or "[]")))
+        secs = tuple(float(x) for x in json.loads(run_secs or "[]"))
+        if not secs or not all(math.isfinite(x) and x > 0 for x in secs):
+            raise ValueError(f"run times {str(run_secs)[:40]} are not positive finite times")
+        result = MeasureResult(run_secs=secs)
     else:
         result = MeasureResult(run_secs=None, error=ErrorKind(error), error_msg=error_msg or "")
     return Record(

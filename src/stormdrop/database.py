@@ -153,8 +153,24 @@ class Database(Claims):
 
     # -- workloads ------------------------------------------------------------------------
 
+    @contextmanager
+    def _decoding(self, what: str) -> Iterator[None]:
+        """Stored values decoded inside: a damaged or crafted row becomes one ``DatabaseError``."""
+        try:
+            yield
+        except (ValueError, TypeError, OverflowError, RecursionError, KeyError) as e:
+            raise DatabaseError(f"database {self.path}: {what} is malformed: {one_line(e)}") from None
+
+    def _record(self, row: tuple) -> Record:
+        with self._decoding(f"record {str(row[0])[:20]}"):
+            return record_from_row(row)
+
     def _entry(self, row: tuple) -> WorkloadEntry:
         wid, name, op_class, flops, shash, mod_json = row
+        if not (isinstance(name, str) and isinstance(op_class, str) and isinstance(flops, int)
+                and isinstance(shash, str) and isinstance(mod_json, str)):
+            raise DatabaseError(f"database {self.path}: workload {str(wid)[:20]} is malformed (a column of the "
+                                "wrong type)")
         mod = self._mods.get(wid)
         if mod is None:
             try:
@@ -285,8 +301,9 @@ class Database(Claims):
         """Failed records of a workload on a target: (final, to be retried by the next run)."""
         rows = self._query("SELECT error, attempts, COUNT(*) FROM records WHERE workload_id=? AND target=?"
                            " AND error IS NOT NULL GROUP BY error, attempts", (int(workload_id), target))
-        retry = sum(int(n) for e, a, n in rows if ErrorKind(e).retryable and int(a) < 2)
-        return sum(int(n) for *_, n in rows) - retry, retry
+        with self._decoding(f"a failure of workload {workload_id}"):
+            retry = sum(int(n) for e, a, n in rows if ErrorKind(e).retryable and int(a) < 2)
+            return sum(int(n) for *_, n in rows) - retry, retry
 
     def lookup(self, workload_id: int, target: str, candidate_key: str) -> Record | None:
         """The record of this candidate, or None if it was never measured."""
@@ -295,7 +312,7 @@ class Database(Claims):
             " WHERE workload_id=? AND target=? AND candidate_key=?",
             (int(workload_id), target, candidate_key),
         )
-        return record_from_row(rows[0]) if rows else None
+        return self._record(rows[0]) if rows else None
 
     def records(self, workload_id: int, target: str | None = None) -> list[Record]:
         """All records of a workload (optionally one target), in measurement order."""
@@ -310,7 +327,7 @@ class Database(Claims):
                 " ORDER BY record_id",
                 (int(workload_id), target),
             )
-        return [record_from_row(r) for r in rows]
+        return [self._record(r) for r in rows]
 
     def best(self, workload_id: int, target: str, k: int = 1, checked: bool = False) -> list[Record]:
         """The ``k`` valid records with the lowest mean time (failures never count); ``checked``:
@@ -323,7 +340,7 @@ class Database(Claims):
             " ORDER BY mean_secs, record_id LIMIT ?",
             (int(workload_id), target, *([f"{IMPORTED}%"] if checked else []), int(k)),
         )
-        return [record_from_row(r) for r in rows]
+        return [self._record(r) for r in rows]
 
     def targets(self, workload_id: int) -> list[str]:
         """The targets this workload has records for, in order of first measurement."""
@@ -356,7 +373,11 @@ class Database(Claims):
     def model_notes(self) -> dict[str, dict]:
         """Every model run's note, by model name (``note_model``)."""
         rows = self._query("SELECT key, value FROM meta WHERE key LIKE 'model:%' ORDER BY key")
-        return {key.removeprefix("model:"): json.loads(value) for key, value in rows}
+        with self._decoding("a model note"):
+            notes = {key.removeprefix("model:"): json.loads(value) for key, value in rows}
+        if not all(isinstance(n, dict) for n in notes.values()):
+            raise DatabaseError(f"database {self.path}: a model note is malformed (not a JSON object)")
+        return notes
 
 
 def _as_module(mod: Any) -> tvm.IRModule:

@@ -1,0 +1,223 @@
+"""Property-based fuzzing of the files and rows stormdrop reads (Hypothesis, seeded): mutated
+MetaSchedule JSON databases through ``import``, then ``show`` and ``export`` of what was
+imported, and mutated database rows through ``show`` and ``export``. Never a signal, never a
+traceback: exit 0 or 2, and a refused import leaves the database as it was.
+
+``FUZZ_EXAMPLES`` (environment) sets the number of cases of each test (default: CI's);
+``FUZZ_TALLY`` names a JSON file that gets each command's exit codes counted
+(``benchmarks/fuzz_inputs.py``)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+from dbutil import dump, fill
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stormdrop.cli import main
+from stormdrop.database import Database, export_metaschedule
+
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "120"))
+TALLY: dict[str, int] = {}
+SETTINGS = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
+                    suppress_health_check=list(HealthCheck))
+
+HOSTILE = st.one_of(
+    st.sampled_from([None, True, False, 0, -1, 1, 2**63, -(2**63) - 1, 1e308, -1e308, 1e-320, -0.0,
+                     float("nan"), float("inf"), float("-inf"), "", "NaN", "\u202e<script>x</script>", "\x00",
+                     "ffi.Array", "ir.IntImm", [], {}, [[]], {"type": "ffi.Array", "data": [0]}]),
+    st.integers(-10, 10**6),
+    st.text(max_size=20),
+    st.integers(2, 3000).map(lambda n: json.loads("[" * n + "]" * n) if n < 900 else "[" * n),
+)
+
+
+def _paths(obj, prefix=()):
+    """Every path to a value inside a JSON value (lists and dicts)."""
+    yield prefix
+    if isinstance(obj, list):
+        for i, x in enumerate(obj):
+            yield from _paths(x, (*prefix, i))
+    elif isinstance(obj, dict):
+        for k, x in obj.items():
+            yield from _paths(x, (*prefix, k))
+
+
+def _replace(obj, path, value):
+    if not path:
+        return value
+    obj[path[0]] = _replace(obj[path[0]], path[1:], value)
+    return obj
+
+
+@st.composite
+def _mutated(draw, obj):
+    """``obj`` (a JSON value) with a few values replaced by hostile ones."""
+    obj = json.loads(json.dumps(obj))
+    for _ in range(draw(st.integers(1, 3))):
+        paths = list(_paths(obj))
+        obj = _replace(obj, draw(st.sampled_from(paths)), draw(HOSTILE))
+    return obj
+
+
+@st.composite
+def _rewired(draw, graph):
+    """A module's object graph with hostile values (``_mutated``), or one node's references
+    pointing at itself or at a later node, or a chain of nodes thousands deep."""
+    how = draw(st.sampled_from(["values", "self", "later", "deep"]))
+    if how == "values":
+        return draw(_mutated(graph))
+    nodes = graph["nodes"]
+    if how == "deep":
+        nodes.append({"type": "ffi.Array", "data": [graph["root_index"]]})
+        for _ in range(draw(st.integers(100, 20000))):
+            nodes.append({"type": "ffi.Array", "data": [len(nodes) - 1]})
+        graph["root_index"] = len(nodes) - 1
+        return graph
+    i = draw(st.sampled_from([i for i, n in enumerate(nodes) if isinstance(n.get("data"), (list, dict)) and n["data"]]))
+    data = nodes[i]["data"]
+    key = draw(st.sampled_from(range(len(data)) if isinstance(data, list) else sorted(data)))
+    data[key] = i if how == "self" else draw(st.integers(i + 1, len(nodes) - 1)) if i + 1 < len(nodes) else i
+    return graph
+
+
+def _blob(text: str) -> str:
+    data = text.encode()
+    return base64.b64encode(len(data).to_bytes(8, "little") + data).decode()
+
+
+def _text_mutation(draw, text: str) -> str:
+    """Bytes-level: truncated, a character replaced, or a stretch repeated."""
+    how = draw(st.sampled_from(["truncate", "flip", "repeat"]))
+    i = draw(st.integers(0, max(0, len(text) - 1)))
+    if how == "truncate":
+        return text[:i]
+    if how == "flip":
+        return text[:i] + draw(st.characters(codec="utf-8")) + text[i + 1:]
+    return text[:i] + text[i:i + 50] * draw(st.integers(2, 2000)) + text[i + 50:]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _tally():
+    yield
+    if os.environ.get("FUZZ_TALLY"):
+        Path(os.environ["FUZZ_TALLY"]).write_text(json.dumps(TALLY, indent=1, sort_keys=True))
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory, mod, traces) -> Path:
+    d = tmp_path_factory.mktemp("fuzz")
+    with Database(d / "t.db") as db:
+        fill(db, mod, traces)
+        export_metaschedule(db, str(d / "ms"))
+    return d
+
+
+def _run(capsys, argv: list[str]) -> int:
+    code = main(argv)
+    err = capsys.readouterr().err
+    key = f"{argv[0]} exit {code}" + (" traceback" if "Traceback" in err else "")
+    TALLY[key] = TALLY.get(key, 0) + 1
+    assert code in (0, 2), (argv[0], code, err[-400:])
+    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("skipping record")]  # export's, one a record
+    assert "Traceback" not in err and len(lines) <= 1, err[-400:]
+    return code
+
+
+@st.composite
+def _ms_files(draw, workload_line: str, record_lines: list[str]):
+    """A MetaSchedule directory's two files, one of them mutated: its text, its JSON, or (for the
+    workload) the module's object graph inside the base64."""
+    target = draw(st.sampled_from(["workload", "record"]))
+    how = draw(st.sampled_from(["text", "json", "graph"] if target == "workload" else ["text", "json"]))
+    wl, recs = workload_line, list(record_lines)
+    if target == "workload":
+        if how == "text":
+            wl = _text_mutation(draw, wl)
+        elif how == "json":
+            wl = json.dumps(draw(_mutated(json.loads(wl))))
+        else:
+            shash, b64 = json.loads(wl)
+            graph = json.loads(base64.b64decode(b64)[8:].decode())
+            wl = json.dumps([shash, _blob(json.dumps(draw(_rewired(graph))))])
+    else:
+        i = draw(st.integers(0, len(recs) - 1))
+        recs[i] = _text_mutation(draw, recs[i]) if how == "text" else json.dumps(draw(_mutated(json.loads(recs[i]))))
+    return wl, recs
+
+
+def test_import_of_mutated_metaschedule_files(template: Path, tmp_path_factory, capsys) -> None:
+    ms = template / "ms"
+    workload_line = (ms / "database_workload.json").read_text().splitlines()[0]
+    record_lines = (ms / "database_tuning_record.json").read_text().splitlines()
+
+    @SETTINGS
+    @given(_ms_files(workload_line, record_lines))
+    def case(files) -> None:
+        d = tmp_path_factory.mktemp("case")
+        (d / "ms").mkdir()
+        (d / "ms" / "database_workload.json").write_text(files[0] + "\n")
+        (d / "ms" / "database_tuning_record.json").write_text("\n".join(files[1]) + "\n")
+        db = d / "t.db"
+        shutil.copy(template / "t.db", db)
+        before = dump(db)
+        if _run(capsys, ["import", str(d / "ms"), "--db", str(db)]) == 2:
+            assert dump(db) == before
+            TALLY["import refused, database unchanged"] = TALLY.get("import refused, database unchanged", 0) + 1
+            return
+        _run(capsys, ["show", "--db", str(db)])
+        _run(capsys, ["export", "--db", str(db), "--out", str(d / "out")])
+        shutil.rmtree(d, ignore_errors=True)
+
+    case()
+
+
+COLUMNS = [("workloads", "mod_json"), ("workloads", "name"), ("workloads", "flops"), ("records", "trace_json"),
+           ("records", "run_secs"), ("records", "args_info_json"), ("records", "target"), ("records", "error"),
+           ("records", "phase"), ("records", "mean_secs"), ("records", "attempts")]
+
+
+def test_show_and_export_of_mutated_database_rows(template: Path, tmp_path_factory, capsys) -> None:
+    with sqlite3.connect(template / "t.db") as con:
+        values = {(t, c): [r[0] for r in con.execute(f"SELECT {c} FROM {t}")] for t, c in COLUMNS}
+    con.close()
+
+    @st.composite
+    def rows(draw):
+        table, column = draw(st.sampled_from(COLUMNS))
+        old = draw(st.sampled_from(values[(table, column)]))
+        if isinstance(old, str) and old[:1] in "[{":
+            new = json.dumps(draw(_mutated(json.loads(old)))) if draw(st.booleans()) else _text_mutation(draw, old)
+        else:
+            new = draw(HOSTILE)
+            new = json.dumps(new) if isinstance(new, (list, dict)) else new
+        return table, column, old, new
+
+    @SETTINGS
+    @given(rows())
+    def case(row) -> None:
+        table, column, old, new = row
+        d = tmp_path_factory.mktemp("row")
+        db = d / "t.db"
+        shutil.copy(template / "t.db", db)
+        with sqlite3.connect(db) as con:
+            try:
+                con.execute(f"UPDATE {table} SET {column}=? WHERE {column} IS ?", (new, old))
+            except (sqlite3.Error, OverflowError):  # the schema refuses it: nothing to read
+                return
+        con.close()
+        before = dump(db)
+        _run(capsys, ["show", "--db", str(db)])
+        _run(capsys, ["export", "--db", str(db), "--out", str(d / "out")])
+        assert dump(db) == before
+        TALLY["row cases, database unchanged"] = TALLY.get("row cases, database unchanged", 0) + 1
+        shutil.rmtree(d, ignore_errors=True)
+
+    case()
