@@ -45,6 +45,7 @@ def test_reading_commands_leave_the_database_and_its_directory_as_they_were(tmp_
         r = stormdrop_cli(*args)
         assert r.returncode == 0, (args, r.stderr[-400:])
         assert _state(db_dir) == before, args
+    assert [p.name for p in (tmp_path / "r").iterdir()] == ["index.html"]  # written whole, renamed in
 
 
 def test_reading_commands_see_a_live_writers_commits_and_leave_its_files(tmp_path: Path, db_dir: Path, mod,

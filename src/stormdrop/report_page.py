@@ -147,12 +147,18 @@ def write_report(db_path: str, out_dir: str, *, model: str | None = None, worklo
         with tempfile.TemporaryDirectory(prefix="stormdrop-report-") as tmp:
             with open_compared(compare, tmp) as other:
                 runs.append(compared_run(other, runs[0], Path(compare).name))
-    try:
+    page = render(runs)
+    out = Path(out_dir) / "index.html"
+    partial = out.with_name(f".index.html.{os.getpid()}.tmp")
+    try:  # whole or not at all: written beside the old page, then renamed over it
         os.makedirs(out_dir, exist_ok=True)
-        out = Path(out_dir) / "index.html"
-        out.write_text(render(runs), encoding="utf-8")
+        partial.write_text(page, encoding="utf-8")
+        os.replace(partial, out)
     except OSError as e:
         raise SpecError(f"--out: cannot write the report to {out_dir}: {e.strerror}") from None
+    finally:
+        if partial.exists():
+            partial.unlink()
     return out
 
 
