@@ -303,3 +303,49 @@ def test_tuners_that_open_a_new_database_at_the_same_moment_all_open_it(tmp_path
     while not errors.empty():
         got.append(errors.get())
     assert got == []
+
+
+def test_a_live_owners_claims_are_kept_fresh_without_commits(tmp_path: Path, monkeypatch) -> None:
+    """The heartbeat is refreshed on a timer, not only when a record is committed: an owner on
+    another host that claimed and then spent longer than CLAIM_STALE_S in a build or a wait
+    (the clock moved on by 400 s) still holds its claims; after its database is closed the
+    refreshing stops."""
+    import time
+
+    from stormdrop import _claims
+
+    monkeypatch.setattr(_claims, "HEARTBEAT_S", 0.05)
+    clock = [time.time()]
+    monkeypatch.setattr(_claims.time, "time", lambda: clock[0])
+    path = tmp_path / "c.db"
+    busy = "elsewhere:7:busy"
+    with Database(path) as db:
+        wid = db.commit_workload(matmul_mod(), name="mm", op_class="matmul", flops=1).workload_id
+        assert db.claim(wid, TARGET_KEY, ["k"], busy) == set()
+        clock[0] += 400.0  # the owner builds, waits, commits nothing
+        deadline = time.monotonic() + 10
+        while db._query("SELECT heartbeat FROM claims")[0][0] < clock[0] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with Database(path) as other:
+            assert other.claim(wid, TARGET_KEY, ["k"], "elsewhere:8:other") == {"k"}  # still held
+    clock[0] += 400.0
+    time.sleep(0.3)  # closed: no refresh
+    with Database(path) as other:
+        assert other.claim(wid, TARGET_KEY, ["k"], "elsewhere:8:other") == set()  # lapsed, taken over
+
+
+def test_a_forked_process_is_an_owner_of_its_own() -> None:
+    import os
+
+    from stormdrop.tune import owner
+
+    me = owner()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.write(write, owner().encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 200).decode()
+    os.waitpid(pid, 0)
+    assert me == owner() and child != me and child.split(":")[1] == str(pid)

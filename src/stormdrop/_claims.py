@@ -2,18 +2,23 @@
 
 A tuner claims the candidates it is about to measure (owner ``host:pid:nonce``, a
 heartbeat); another tuner skips a candidate a live owner holds, and a dead owner's claims
-lapse. ``Database`` inherits these methods (they use its ``_query`` and ``transaction``).
+lapse. A claiming owner's heartbeat is refreshed every ``HEARTBEAT_S`` by a thread while its
+database is open, so that a live tuner's claims hold through a long build, an RPC wait or a
+wait for the timing lock. ``Database`` inherits these methods (they use its ``_query``,
+``transaction`` and ``_lock``).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 
 from .records import ErrorKind
 
-CLAIM_STALE_S = 300.0  # a claim not refreshed for this long belongs to a dead tuner (results come every <= 90 s)
+CLAIM_STALE_S = 300.0  # a claim not refreshed for this long belongs to a dead tuner
+HEARTBEAT_S = 60.0  # how often a live owner's claims are refreshed
 
 
 def _alive(owner: str, heartbeat: float, now: float) -> bool:
@@ -52,7 +57,28 @@ class Claims:
                     continue
                 self._query("INSERT OR REPLACE INTO claims (workload_id, target, candidate_key, owner, heartbeat)"
                             " VALUES (?, ?, ?, ?, ?)", (int(workload_id), target, key, owner, now))
+        self._keep_alive(owner)
         return taken
+
+    def _keep_alive(self, owner: str) -> None:
+        """Start ``owner``'s heartbeat thread, once per open database and owner."""
+        with self._lock:
+            beating = self.__dict__.setdefault("_heartbeats", set())
+            if owner in beating:
+                return
+            beating.add(owner)
+        threading.Thread(target=self._beat, args=(owner,), daemon=True, name="claims-heartbeat").start()
+
+    def _beat(self, owner: str) -> None:
+        while True:
+            time.sleep(HEARTBEAT_S)
+            with self._lock:
+                if self._conn is None:  # closed: the owner is done with this database
+                    return
+                try:
+                    self._query("UPDATE claims SET heartbeat=? WHERE owner=?", (time.time(), owner))
+                except Exception:  # noqa: BLE001 - a busy or failing database: the next beat tries again
+                    pass
 
     def claimed(self, workload_id: int, target: str, key: str) -> bool:
         """Whether a live owner holds this candidate."""

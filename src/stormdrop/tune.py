@@ -9,6 +9,7 @@ checked against the reference (``verify``): only a verified kernel is reported.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -119,7 +120,7 @@ class TaskSession:
         versions = tool_versions()
         wid, tgt = self.entry.workload_id, self.target_key
         # another tuner on this database measures these right now: take its results, measure the rest
-        elsewhere = self.db.claim(wid, tgt, [cands[i].key for i in todo if not cands[i].remeasure], OWNER)
+        elsewhere = self.db.claim(wid, tgt, [cands[i].key for i in todo if not cands[i].remeasure], owner())
         waiting = [i for i in todo if not cands[i].remeasure and cands[i].key in elsewhere]
         todo = [i for i in todo if i not in waiting]
 
@@ -137,7 +138,7 @@ class TaskSession:
                                                           time.time(), versions))
                 if not new:  # claims and lookups exist to prevent this; benchmarks/faults.py counts it
                     log.warning("%s: candidate %s was measured twice", self.kernel.name, c.key[:12])
-            self.db.release(wid, tgt, c.key, OWNER)
+            self.db.release(wid, tgt, c.key, owner())
             self.result.trials[c.phase.value] += 1
             if not r.ok:
                 self.result.trials["failed"] += 1
@@ -184,7 +185,15 @@ class TaskSession:
         return Candidate.from_schedule(sch, phase)
 
 
-OWNER = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"  # this process, in the claims table
+@functools.cache
+def _owner_of(pid: int) -> str:
+    return f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex[:8]}"
+
+
+def owner() -> str:
+    """This process in the claims table (``host:pid:nonce``): a process forked from a tuner is an
+    owner of its own."""
+    return _owner_of(os.getpid())
 
 
 def tool_versions() -> str:
