@@ -147,3 +147,30 @@ def test_an_impossible_imported_record_is_refused_and_changes_nothing(tmp_path: 
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "database_tuning_record.json line 1" in err
     assert dump(path) == before
+
+
+def test_a_trace_that_crashes_tvm_is_refused_by_import_and_export_with_one_line(tmp_path: Path, mod, traces) -> None:
+    """An instruction attribute of the wrong type (GetSBlock's function name as null) kills TVM's
+    trace replay (SIGSEGV): import and export run that replay in a child process, whose death is
+    one line, nothing written."""
+    path = tmp_path / "keep.db"
+    with Database(path) as db:
+        fill(db, mod, traces[:1])
+        good = tmp_path / "good"
+        export_metaschedule(db, str(good))
+    before = dump(path)
+    index, rec = json.loads((good / "database_tuning_record.json").read_text().splitlines()[0])
+    get = next(i for i in rec[0][0] if i[0] == "GetSBlock")
+    get[2][1] = None
+    (good / "database_tuning_record.json").write_text(json.dumps([index, rec]) + "\n")
+    r = stormdrop_cli("import", str(good), "--db", str(path))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-400:]
+    assert "TVM crashed" in r.stderr and "database_tuning_record.json line 1" in r.stderr
+    assert dump(path) == before
+    with sqlite3.connect(path) as con:  # the same trace stored in the database
+        con.execute("UPDATE records SET trace_json=?", (json.dumps(rec[0]),))
+    con.close()
+    before = dump(path)
+    r = stormdrop_cli("export", "--db", str(path), "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "TVM crashed" in r.stderr, r.stderr
+    assert dump(path) == before and not list((tmp_path / "out").glob("*.json"))

@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -48,8 +49,10 @@ def _args_info(text: str, mod: tvm.IRModule) -> list[Any]:
         return list(ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=True))
 
 
-def export_metaschedule(db: Database, out_dir: str, *, target: str | None = None) -> int:
+def export_metaschedule(db: Database, out_dir: str, *, target: str | None = None,
+                        progress: Callable[[str], None] | None = None) -> int:
     """Write every valid record (optionally of one target) as a MetaSchedule JSON database.
+    ``progress``: told each record before TVM replays it (``isolated``).
 
     Every workload is written; failed records are skipped. Existing database files in
     ``out_dir`` are replaced (the new files are written aside and moved in at the end).
@@ -73,6 +76,8 @@ def export_metaschedule(db: Database, out_dir: str, *, target: str | None = None
             for rec in db.records(wl.workload_id, want):
                 if not rec.ok or not rec.result.run_secs:
                     continue
+                if progress:
+                    progress(f"{db.path} record {rec.record_id}")
                 try:  # a stale trace or a damaged row must not stop the export
                     if rec.target not in targets:
                         _tvm.load_tensor_intrinsics(_target_kind(rec.target))
@@ -136,8 +141,9 @@ def _check_run_secs(rec: Any) -> None:
         raise ValueError(f"run times {str(secs)[:60]} are not finite times of at least {MIN_RUN_SECS:g} s")
 
 
-def read_metaschedule(in_dir: str) -> list[Any]:
+def read_metaschedule(in_dir: str, progress: Callable[[str], None] | None = None) -> list[Any]:
     """The ``TuningRecord``s of a MetaSchedule JSON database directory, in file order.
+    ``progress``: told each entry before TVM reads it (``isolated``).
 
     (``JSONDatabase.get_all_tuning_records`` would return them sorted by time instead.)
     Raises ``DatabaseError`` for a missing directory or file and for malformed content.
@@ -156,6 +162,8 @@ def read_metaschedule(in_dir: str) -> list[Any]:
         workloads = []
         for lineno, obj in wl_lines:
             where = f"{path_wl} line {lineno}"
+            if progress:
+                progress(where)
             _tvm.check_workload_json(obj)
             workloads.append(ms.database.Workload.from_json(obj))
         for lineno, (_, rec) in rec_lines:
@@ -168,6 +176,8 @@ def read_metaschedule(in_dir: str) -> list[Any]:
                 raise ValueError(f"workload index {index!r} out of range")
             _tvm.check_trace_json(rec[0] if isinstance(rec, list) and rec else None)
             _check_run_secs(rec)
+            if progress:
+                progress(where)
             records.append(ms.database.TuningRecord.from_json(rec, workloads[index]))
     except Exception as e:  # TVM raises assorted errors for bad entries
         raise DatabaseError(f"malformed MetaSchedule entry in {where}: {one_line(e)}") from None

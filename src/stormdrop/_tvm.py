@@ -244,7 +244,10 @@ def load_object_json(text: str) -> Any:
     """``tvm.ir.load_json(text)``, refusing first (``ValueError``, ``check_object_graph``) what
     would crash TVM rather than raise."""
     check_object_graph(text)
-    return tvm.ir.load_json(text)
+    try:
+        return tvm.ir.load_json(text)
+    except Exception as e:  # noqa: BLE001 - TVM raises assorted errors (a required field missing, a wrong type)
+        raise ValueError(str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__) from None
 
 
 def check_object_graph(text: str) -> int:

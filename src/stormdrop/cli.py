@@ -374,17 +374,20 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from .database import export_metaschedule
+    from . import isolated
 
-    with _open_db(args.db, read_only=True) as db:
-        n = export_metaschedule(db, args.out)
+    with _open_db(args.db, read_only=True) as db:  # refused here with its own line if it cannot be read
+        path = db.path
+    n = int(isolated.run("export", path, args.out, what=path))  # TVM replays its traces: in a child
     print(f"exported {n} records to {args.out}")
     return 0
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
+    from . import isolated
     from ._ms_json import import_records, read_metaschedule
 
+    isolated.run("read_metaschedule", args.dir, what=args.dir)  # TVM reads the traces: first in a child
     records = read_metaschedule(args.dir)  # refused before the database is created or opened
     with _open_db(args.db, must_exist=False) as db:
         n = import_records(db, records)
