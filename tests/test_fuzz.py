@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from stormdrop.cli import main
 from stormdrop.database import Database, export_metaschedule
 
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "30"))
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "20"))
 TALLY: dict[str, int] = {}
 SETTINGS = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
                     suppress_health_check=list(HealthCheck))
