@@ -89,3 +89,15 @@ def stored_rows(db_path):
         table = [t for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'")
                  if "record" in t][0]
         return con.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall()
+
+
+def one_record_exported(tmp_path: Path, mod, traces) -> tuple[Path, Path, list[str]]:
+    """A database with one record, its MetaSchedule export and the database's dump."""
+    from stormdrop.database import export_metaschedule
+
+    path = tmp_path / "keep.db"
+    with Database(path) as db:
+        fill(db, mod, traces[:1])
+        good = tmp_path / "good"
+        export_metaschedule(db, str(good))
+    return path, good, dump(path)

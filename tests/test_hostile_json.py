@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import tvm
 import tvm_ffi
-from dbutil import dump, fill, stormdrop_cli
+from dbutil import dump, fill, one_record_exported, stormdrop_cli
 
 from stormdrop import _tvm
 from stormdrop.cli import main
-from stormdrop.database import Database, export_metaschedule
+from stormdrop.database import Database
 
 
 def _graph(mod) -> dict:
@@ -42,6 +42,7 @@ def _crafted(graph: dict, how: str) -> str:
 
 
 HOW = ["self", "later", "deep", "nested"]
+
 
 
 def test_a_module_graph_as_tvm_writes_it_passes(mod) -> None:
@@ -74,12 +75,7 @@ def _blob(text: str) -> str:
 
 @pytest.mark.parametrize("how", HOW)
 def test_import_of_a_crafted_workload_file_is_one_line_and_changes_nothing(tmp_path: Path, mod, traces, how) -> None:
-    path = tmp_path / "keep.db"
-    with Database(path) as db:
-        fill(db, mod, traces[:1])
-        good = tmp_path / "good"
-        export_metaschedule(db, str(good))
-    before = dump(path)
+    path, good, before = one_record_exported(tmp_path, mod, traces)
     shash, b64 = json.loads((good / "database_workload.json").read_text().splitlines()[0])
     raw = base64.b64decode(b64)[8:].decode()
     bad = tmp_path / "bad"
@@ -94,12 +90,7 @@ def test_import_of_a_crafted_workload_file_is_one_line_and_changes_nothing(tmp_p
 
 
 def test_a_nested_record_line_is_one_line(tmp_path: Path, mod, traces) -> None:
-    path = tmp_path / "keep.db"
-    with Database(path) as db:
-        fill(db, mod, traces[:1])
-        good = tmp_path / "good"
-        export_metaschedule(db, str(good))
-    before = dump(path)
+    path, good, before = one_record_exported(tmp_path, mod, traces)
     (good / "database_tuning_record.json").write_text("[" * 100_000 + "]" * 100_000 + "\n")
     r = stormdrop_cli("import", str(good), "--db", str(path))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
@@ -129,12 +120,7 @@ def test_an_impossible_imported_record_is_refused_and_changes_nothing(tmp_path: 
                                                                      capsys) -> None:
     """Run times must be finite and at least a nanosecond (a fake-fast record would stay a task's
     best), and a trace must have instructions."""
-    path = tmp_path / "keep.db"
-    with Database(path) as db:
-        fill(db, mod, traces[:1])
-        good = tmp_path / "good"
-        export_metaschedule(db, str(good))
-    before = dump(path)
+    path, good, before = one_record_exported(tmp_path, mod, traces)
     index, rec = json.loads((good / "database_tuning_record.json").read_text().splitlines()[0])
     line = json.dumps([index, rec])
     if secs == "empty trace":
@@ -153,12 +139,7 @@ def test_a_trace_that_crashes_tvm_is_refused_by_import_and_export_with_one_line(
     """An instruction attribute of the wrong type (GetSBlock's function name as null) kills TVM's
     trace replay (SIGSEGV): import and export run that replay in a child process, whose death is
     one line, nothing written."""
-    path = tmp_path / "keep.db"
-    with Database(path) as db:
-        fill(db, mod, traces[:1])
-        good = tmp_path / "good"
-        export_metaschedule(db, str(good))
-    before = dump(path)
+    path, good, before = one_record_exported(tmp_path, mod, traces)
     index, rec = json.loads((good / "database_tuning_record.json").read_text().splitlines()[0])
     get = next(i for i in rec[0][0] if i[0] == "GetSBlock")
     get[2][1] = None

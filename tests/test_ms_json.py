@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import tvm
 import tvm.s_tir.meta_schedule as ms
-from dbutil import SECS, TARGET, TARGET_KEY, dump, fill, matmul_mod
+from dbutil import SECS, TARGET, TARGET_KEY, dump, fill, matmul_mod, one_record_exported
 
 from stormdrop import _tvm
 from stormdrop.database import (
@@ -92,18 +91,8 @@ def test_import_failure_marker(tmp_path: Path, mod, traces) -> None:
         assert db.best(entry.workload_id, TARGET_KEY) == [recs[1]]
 
 
-def _one_record_exported(tmp_path: Path, mod, traces) -> tuple[Path, Path, Any]:
-    """A database with one record, its MetaSchedule export, and the database's dump."""
-    path = tmp_path / "keep.db"
-    with Database(path) as db:
-        fill(db, mod, traces[:1])
-        good = tmp_path / "good"
-        export_metaschedule(db, str(good))
-    return path, good, dump(path)
-
-
 def test_import_bad_dirs_leave_db_unchanged(tmp_path: Path, mod, traces) -> None:
-    path, good, before = _one_record_exported(tmp_path, mod, traces)
+    path, good, before = one_record_exported(tmp_path, mod, traces)
     bad_json = tmp_path / "bad_json"
     bad_json.mkdir()
     (bad_json / "database_workload.json").write_text("garbage{\n")
@@ -160,7 +149,7 @@ def test_a_malformed_trace_in_an_imported_file_is_refused_with_one_line(tmp_path
 
     from stormdrop.cli import main
 
-    path, good, before = _one_record_exported(tmp_path, mod, traces)
+    path, good, before = one_record_exported(tmp_path, mod, traces)
     index, rec = json.loads((good / "database_tuning_record.json").read_text().splitlines()[0])
     insts = rec[0][0]
     if corrupt == "unknown_instruction":
