@@ -9,24 +9,20 @@ in it is its one line on stderr and exit 2.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 
 from .errors import DatabaseError, StormdropError
 
-_ENTRY = "import sys; del sys.path[0]; from stormdrop.isolated import _child; _child(sys.argv[1:])"
-
 
 def run(step: str, *args: str, what: str) -> str:
     """``step(*args)`` (a name of ``_steps()``) in a child process; its result text. ``what``: the
     input, for the error line when TVM crashes on it."""
-    env = dict(os.environ)
-    src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    r = subprocess.run([sys.executable, "-c", _ENTRY, step, *args], env=env, capture_output=True, text=True,
-                       stdin=subprocess.DEVNULL)
+    from .workers import child_entry, child_env
+
+    r = subprocess.run([sys.executable, "-c", child_entry("isolated", "_child"), step, *args], env=child_env(),
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL)
     lines = r.stdout.splitlines()
     if r.returncode < 0:
         at = next((ln[4:] for ln in reversed(lines) if ln.startswith("at: ")), what)

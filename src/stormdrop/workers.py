@@ -16,7 +16,23 @@ from typing import Any
 from . import _tvm
 from .errors import MeasureError, one_line
 
-_ENTRY = "import sys; del sys.path[0]; from stormdrop._worker import main; main(sys.argv[1:])"
+
+def child_entry(module: str, function: str) -> str:
+    """``python -c`` code calling ``stormdrop.MODULE.FUNCTION(sys.argv[1:])`` without the working
+    directory on sys.path (``-m`` puts it first: a ``tvm.py`` there would be imported)."""
+    return f"import sys; del sys.path[0]; from stormdrop.{module} import {function}; {function}(sys.argv[1:])"
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment for a child stormdrop process: this package first on its path
+    (no empty entry, which would be the working directory)."""
+    env = dict(os.environ)
+    src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    return env
+
+
+_ENTRY = child_entry("_worker", "main")
 
 
 class Worker:
@@ -35,15 +51,12 @@ class Worker:
         # user's __main__ module, which breaks scripts without a main guard.
         parent, child = socket.socketpair()
         fd = child.fileno()
-        # Not ``-m``: that puts the working directory first on sys.path, and a ``tvm.py`` there would
-        # be imported by every worker. The parent's pid: a worker exits when its tuner is gone.
+        # The parent's pid: a worker exits when its tuner is gone.
         cmd = [sys.executable, "-c", _ENTRY, str(fd), self.role, self.target_json, json.dumps(self.rpc),
                str(os.getpid())]
-        env = dict(os.environ)
+        env = child_env()
         if self.role == "runner":  # timed on the target's cores, not TVM's default half (see _tvm)
             _tvm.runtime_threads_env(int(json.loads(self.target_json).get("num-cores", 0)), env)
-        src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)  # "" would be the cwd
         self.proc = subprocess.Popen(cmd, pass_fds=(fd,), env=env, stdin=subprocess.DEVNULL)
         child.close()
         self.conn = Connection(parent.detach())
