@@ -235,23 +235,22 @@ def breakdown(raw: list[dict], top: int = 6) -> list[str]:
             lines.append(f"  - in-model choice: {len(sd.get('deployed', {}))} task(s) deploy another of their best "
                          f"records; the model {sd['latency_s'] * 1e3:.2f} ms, with every task's best record "
                          f"{sd['best_records']['latency_s'] * 1e3:.2f} ms (timed in turns)")
-        cold = r.get("cold_tuned", {})
-        if cold.get("latency_s") and sd.get("latency_s"):
-            lines.append(f"  - tuned with the caches flushed (--cache-flush, {cold['trials']} trials in "
-                         f"{cold['tuning_s']:.0f} s): the model {cold['latency_s'] * 1e3:.2f} ms vs "
-                         f"{sd['latency_s'] * 1e3:.2f} ms tuned warm (timed in turns): "
-                         f"warm / cold = {sd['latency_s'] / cold['latency_s']:.2f}; ONNX Runtime / cold = "
-                         f"{r['onnxruntime_s'] / cold['latency_s']:.2f}; its kernels timed inside the model "
-                         f"{sum(t['in_model_s'] or 0 for t in cold['per_task']) * 1e3:.2f} ms")
-        flat = r.get("unpadded", {})
-        if flat.get("latency_s") and sd.get("latency_s"):
-            lines.append(f"  - tuned with attentions at their own length (--pad-attention ab, {flat['trials']} trials "
-                         f"in {flat['tuning_s']:.0f} s): the model {flat['latency_s'] * 1e3:.2f} ms vs "
-                         f"{sd['latency_s'] * 1e3:.2f} ms padded (timed in turns): unpadded / padded = "
-                         f"{flat['latency_s'] / sd['latency_s']:.2f}; ONNX Runtime / unpadded = "
-                         f"{r['onnxruntime_s'] / flat['latency_s']:.2f}; its kernels timed inside the model "
-                         f"{sum(t['in_model_s'] or 0 for t in flat['per_task']) * 1e3:.2f} ms")
+        for key, (how, main, ratio_name, main_over_arm, arm_name) in _ARMS.items():
+            arm = r.get(key, {})
+            if arm.get("latency_s") and sd.get("latency_s"):
+                ratio = sd["latency_s"] / arm["latency_s"] if main_over_arm else arm["latency_s"] / sd["latency_s"]
+                lines.append(f"  - {how}, {arm['trials']} trials in {arm['tuning_s']:.0f} s): the model "
+                             f"{arm['latency_s'] * 1e3:.2f} ms vs {sd['latency_s'] * 1e3:.2f} ms {main} (timed in "
+                             f"turns): {ratio_name} = {ratio:.2f}; ONNX Runtime / {arm_name} = "
+                             f"{r['onnxruntime_s'] / arm['latency_s']:.2f}; its kernels timed inside the model "
+                             f"{sum(t['in_model_s'] or 0 for t in arm['per_task']) * 1e3:.2f} ms")
     return lines + ([""] if lines else [])
+
+
+# A/B arms in the notes: key -> (how it was tuned, the main build, the ratio's name, main / arm?, the arm)
+_ARMS = {"cold_tuned": ("tuned with the caches flushed (--cache-flush", "tuned warm", "warm / cold", True, "cold"),
+         "unpadded": ("tuned with attentions at their own length (--pad-attention ab", "padded", "unpadded / padded",
+                      False, "unpadded")}
 
 
 def row(r: dict) -> list[str]:
