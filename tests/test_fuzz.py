@@ -1,7 +1,9 @@
 """Property-based fuzzing of the files and rows stormdrop reads (Hypothesis, seeded): mutated
 MetaSchedule JSON databases through ``import``, then ``show`` and ``export`` of what was
 imported, and mutated database rows through ``show`` and ``export``. Never a signal, never a
-traceback: exit 0 or 2, and a refused import leaves the database as it was.
+traceback: exit 0 or 2, and a refused import leaves the database as it was. And mutated traces
+of a model's convolution: refused by ``check_trace_json`` or replayed by TVM without a crash
+(what ``tune`` and ``bench`` rely on when they replay a database's traces in process).
 
 ``FUZZ_EXAMPLES`` (environment) sets the number of cases of each test (default: CI's);
 ``FUZZ_TALLY`` names a JSON file that gets each command's exit codes counted
@@ -21,6 +23,7 @@ from dbutil import dump, fill
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from stormdrop import _tvm
 from stormdrop.cli import main
 from stormdrop.database import Database, export_metaschedule
 
@@ -32,7 +35,8 @@ SETTINGS = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, data
 HOSTILE = st.one_of(
     st.sampled_from([None, True, False, 0, -1, 1, 2**63, -(2**63) - 1, 1e308, -1e308, 1e-320, -0.0,
                      float("nan"), float("inf"), float("-inf"), "", "NaN", "\u202e<script>x</script>", "\x00",
-                     "ffi.Array", "ir.IntImm", [], {}, [[]], {"type": "ffi.Array", "data": [0]}]),
+                     "ffi.Array", "ir.IntImm", [], {}, [[]], {"type": "ffi.Array", "data": [0]},
+                     "b0", "l1", "v2", "main", "global", "meta_schedule.parallel"]),
     st.integers(-10, 10**6),
     st.text(max_size=20),
     st.integers(2, 3000).map(lambda n: json.loads("[" * n + "]" * n) if n < 900 else "[" * n),
@@ -219,5 +223,81 @@ def test_show_and_export_of_mutated_database_rows(template: Path, tmp_path_facto
         assert dump(db) == before
         TALLY["row cases, database unchanged"] = TALLY.get("row cases, database unchanged", 0) + 1
         shutil.rmtree(d, ignore_errors=True)
+
+    case()
+
+
+@pytest.fixture(scope="module")
+def conv_traces() -> tuple:
+    """A model's kind of kernel, an NHWC convolution + ReLU whose weights are layout-free (its
+    schedules rewrite their layout), and the JSON of each of its post-processed design spaces."""
+    import tvm
+    import tvm.s_tir.meta_schedule as ms
+    from dbutil import TARGET
+    from tvm import te, topi
+
+    x = te.placeholder((1, 14, 14, 32), name="x")
+    w = te.placeholder((3, 3, 32, 32), name="w")
+    y = topi.nn.relu(topi.nn.conv2d_nhwc(x, w, 1, 1, 1))
+    func = te.create_prim_func([x, w, y]).with_attr("layout_free_buffers", [1])
+    mod = tvm.IRModule({"main": func})
+    _tvm.load_tensor_intrinsics(TARGET)
+    ctx = ms.TuneContext(mod, target=TARGET, space_generator="post-order-apply", search_strategy="replay-trace",
+                         num_threads=1)
+    out = []
+    for sch in ctx.generate_design_space():
+        sch.enter_postproc()
+        if all(p.apply(sch) for p in ctx.space_generator.postprocs):
+            out.append(json.loads(_tvm.trace_to_json(sch.trace)))
+    kinds = {inst[0] for t in out for inst in t[0]}
+    assert {"TransformLayout", "SampleCategorical", "Parallel", "Vectorize"} <= kinds, kinds
+    return mod, out
+
+
+@st.composite
+def _trace_mutants(draw, traces):
+    """A trace with hostile values (``_mutated``), or an instruction given another kind's name,
+    dropped, or repeated."""
+    obj = json.loads(json.dumps(draw(st.sampled_from(traces))))
+    how = draw(st.sampled_from(["values", "values", "kind", "drop", "repeat"]))
+    if how == "values":
+        return draw(_mutated(obj))
+    insts = obj[0]
+    i = draw(st.integers(0, len(insts) - 1))
+    if how == "kind":
+        insts[i][0] = draw(st.sampled_from(sorted({inst[0] for t in traces for inst in t[0]})))
+    elif how == "drop":
+        del insts[i]
+    else:
+        insts.insert(i, json.loads(json.dumps(insts[i])))
+    return obj
+
+
+def test_mutated_traces_are_refused_or_replayed_without_a_crash(conv_traces) -> None:
+    from tvm.s_tir import Schedule
+    from tvm.s_tir.schedule import Trace
+
+    mod, traces = conv_traces
+
+    @SETTINGS
+    @given(_trace_mutants(traces))
+    def case(obj) -> None:
+        try:
+            _tvm.check_trace_json(obj)
+        except ValueError:
+            TALLY["trace refused by check_trace_json"] = TALLY.get("trace refused by check_trace_json", 0) + 1
+            return
+        pid = os.fork()  # TVM's crash would be the child's death by a signal
+        if pid == 0:
+            code = 0
+            try:
+                Trace.apply_json_to_schedule(obj, Schedule(mod))
+            except BaseException:  # noqa: BLE001 - TVM refusing the trace is the good outcome too
+                code = 3
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert not os.WIFSIGNALED(status), (f"TVM died by signal {os.WTERMSIG(status)} on", json.dumps(obj)[:3000])
+        key = "trace replayed by TVM" if os.WEXITSTATUS(status) == 0 else "trace refused by TVM (an exception)"
+        TALLY[key] = TALLY.get(key, 0) + 1
 
     case()

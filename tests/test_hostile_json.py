@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import tvm
 import tvm_ffi
-from dbutil import dump, fill, one_record_exported, stormdrop_cli
+from dbutil import TARGET, dump, fill, one_record_exported, stormdrop_cli
 
 from stormdrop import _tvm
 from stormdrop.cli import main
@@ -136,9 +136,9 @@ def test_an_impossible_imported_record_is_refused_and_changes_nothing(tmp_path: 
 
 
 def test_a_trace_that_crashes_tvm_is_refused_by_import_and_export_with_one_line(tmp_path: Path, mod, traces) -> None:
-    """An instruction attribute of the wrong type (GetSBlock's function name as null) kills TVM's
-    trace replay (SIGSEGV): import and export run that replay in a child process, whose death is
-    one line, nothing written."""
+    """A null instruction attribute (GetSBlock's function name) kills TVM's trace replay (SIGSEGV):
+    ``check_trace_json`` refuses it: import with one line, nothing written; export skips that record,
+    with one line."""
     path, good, before = one_record_exported(tmp_path, mod, traces)
     index, rec = json.loads((good / "database_tuning_record.json").read_text().splitlines()[0])
     get = next(i for i in rec[0][0] if i[0] == "GetSBlock")
@@ -146,12 +146,58 @@ def test_a_trace_that_crashes_tvm_is_refused_by_import_and_export_with_one_line(
     (good / "database_tuning_record.json").write_text(json.dumps([index, rec]) + "\n")
     r = stormdrop_cli("import", str(good), "--db", str(path))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-400:]
-    assert "TVM crashed" in r.stderr and "database_tuning_record.json line 1" in r.stderr
+    assert "null attribute" in r.stderr and "database_tuning_record.json line 1" in r.stderr
     assert dump(path) == before
     with sqlite3.connect(path) as con:  # the same trace stored in the database
         con.execute("UPDATE records SET trace_json=?", (json.dumps(rec[0]),))
     con.close()
     before = dump(path)
     r = stormdrop_cli("export", "--db", str(path), "--out", str(tmp_path / "out"))
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "TVM crashed" in r.stderr, r.stderr
-    assert dump(path) == before and not list((tmp_path / "out").glob("*.json"))
+    assert r.returncode == 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr  # the record skipped, said once
+    assert r.stderr.startswith("skipping record 1 of matmul_128") and "null attribute" in r.stderr, r.stderr
+    assert dump(path) == before and "GetSBlock" not in (tmp_path / "out" / "database_tuning_record.json").read_text()
+
+
+def test_a_child_that_tvm_kills_is_one_line_naming_what_it_read(monkeypatch) -> None:
+    """Import and export replay traces in a child process (``isolated``): a crash the checks do not
+    foresee is the child's death, one ``DatabaseError`` line naming the entry it was reading."""
+    from stormdrop import isolated, workers
+    from stormdrop.errors import DatabaseError
+
+    monkeypatch.setattr(workers, "child_entry", lambda *a: (
+        "import os, signal; print('at: f.json line 3', flush=True); os.kill(os.getpid(), signal.SIGSEGV)"))
+    with pytest.raises(DatabaseError, match=r"^malformed entry in f.json line 3: TVM crashed on it \(SIGSEGV\); "
+                                            r"nothing was written$"):
+        isolated.run("read_metaschedule", "dir", what="dir")
+
+
+def test_an_export_whose_child_is_killed_leaves_no_files(tmp_path: Path, mod, traces, monkeypatch, capsys) -> None:
+    """The export's child writes into a hidden folder of ``--out`` and moves its files in at the
+    end: killed before that, the command is one line and the folder is gone."""
+    from stormdrop import workers
+
+    path, _, before = one_record_exported(tmp_path, mod, traces)
+    out = tmp_path / "out"
+    monkeypatch.setattr(workers, "child_entry", lambda *a: (
+        "import os, sys, signal; os.makedirs(os.path.join(sys.argv[-3], sys.argv[-1], 'partial'));"
+        "print('at: the record', flush=True); os.kill(os.getpid(), signal.SIGKILL)"))
+    assert main(["export", "--db", str(path), "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == ("stormdrop: error: malformed entry in the record: TVM crashed on it "
+                                               "(SIGKILL); nothing was written")
+    assert out.is_dir() and not list(out.iterdir()) and dump(path) == before
+
+
+def test_reuse_skips_a_donor_trace_that_would_crash_tvm(mod, traces) -> None:
+    """A donor database (``--reuse-from``) is replayed in the tuner's own process: a donor trace
+    TVM would crash on gives no transfer, and the tuning goes on."""
+    from tvm.s_tir.meta_schedule import TuneContext
+
+    from stormdrop import reuse
+    good = json.loads(traces[0])
+    get = next(i for i in good[0] if i[0] == "GetSBlock")
+    get[2][1] = None
+    ctx = TuneContext(mod, target=TARGET, space_generator="post-order-apply")
+    spaces = ctx.generate_design_space()
+    assert reuse.transfer(mod, traces[0], mod, ctx.space_generator.postprocs) is not None
+    assert reuse.transfer(mod, json.dumps(good), mod, ctx.space_generator.postprocs) is None
+    assert reuse.in_sketches(mod, json.dumps(good), mod, spaces, ctx.space_generator.postprocs) == []

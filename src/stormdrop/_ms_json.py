@@ -50,9 +50,11 @@ def _args_info(text: str, mod: tvm.IRModule) -> list[Any]:
 
 
 def export_metaschedule(db: Database, out_dir: str, *, target: str | None = None,
-                        progress: Callable[[str], None] | None = None) -> int:
+                        progress: Callable[[str], None] | None = None, scratch: str | None = None) -> int:
     """Write every valid record (optionally of one target) as a MetaSchedule JSON database.
-    ``progress``: told each record before TVM replays it (``isolated``).
+    ``progress``: told each record before TVM replays it (``isolated``). ``scratch``: the name of
+    the folder in ``out_dir`` the files are written in first (default: a fresh temporary name), for
+    a caller that removes it when this process is killed.
 
     Every workload is written; failed records are skipped. Existing database files in
     ``out_dir`` are replaced (the new files are written aside and moved in at the end).
@@ -62,7 +64,10 @@ def export_metaschedule(db: Database, out_dir: str, *, target: str | None = None
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".stormdrop-export-", dir=out))
+        if scratch:
+            (tmp := out / scratch).mkdir()
+        else:
+            tmp = Path(tempfile.mkdtemp(prefix=".stormdrop-export-", dir=out))
     except OSError as e:
         raise DatabaseError(
             f"cannot write MetaSchedule database {out_dir}: {one_line(e)}"

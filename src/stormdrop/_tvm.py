@@ -53,6 +53,13 @@
   instructions use a random variable no earlier instruction defined (a truncated or edited
   file) crashes the process now and then (segmentation fault) instead of raising.
   ``check_trace_json`` refuses such a trace with a ``ValueError`` before TVM sees it.
+- A JSON ``null`` where an instruction's attribute or decision should be a value (GetSBlock's
+  block name, SamplePerfectTile's n, Split's flags, any decision) reaches a non-optional argument
+  of the primitive unchecked and crashes the process (segmentation fault); a value of another
+  type raises a ``TypeError``. A tile size of 0 in a SamplePerfectTile decision divides by zero
+  (SIGFPE). ``check_trace_json`` allows ``null`` only where TVM's primitive takes an optional
+  (``_NULLABLE_ATTRS``) and in inputs (Split's inferred factor), and decisions of integers only,
+  tile sizes >= 1.
 - ``tvm.ir.load_json`` decodes an object graph recursively: a graph whose node refers to itself
   or to a later node, or a chain of a few thousand nodes, overflows the stack (segmentation
   fault); so does deeply nested JSON text. A module from a file or a database row goes through
@@ -180,35 +187,61 @@ def trace_to_json(trace: Trace, remove_postproc: bool = False) -> str:
 
 
 _RV_NAME = re.compile(r"[a-z]\d+")  # how a trace's JSON names its random variables: b0, l1, v2
+# (instruction kind, attribute index) whose primitive takes an optional there: TransformLayout's pad value
+_NULLABLE_ATTRS = frozenset({("TransformLayout", 2)})
+_TILE_SAMPLES = frozenset({"SamplePerfectTile", "SamplePartitionedTile"})  # a tile size of 0 divides by zero
+
+
+MAX_TRACE_NESTING = 16  # a trace's values nest 2-3 lists deep (SampleCategorical's candidates)
+
+
+def _leaves(x: Any) -> list:
+    """The non-list values inside ``x`` (``x`` itself if it is not a list); ``ValueError`` when
+    lists nest deeper than ``MAX_TRACE_NESTING`` (walked without recursion)."""
+    out, stack = [], [(x, 0)]
+    while stack:
+        y, depth = stack.pop()
+        if not isinstance(y, list):
+            out.append(y)
+        elif depth >= MAX_TRACE_NESTING:
+            raise ValueError(f"a trace's value nests lists more than {MAX_TRACE_NESTING} deep")
+        else:
+            stack.extend((z, depth + 1) for z in y)
+    return out
 
 
 def check_trace_json(obj: Any) -> None:
     """Raise ``ValueError`` unless ``obj`` is shaped like a trace's JSON ``[instructions,
     decisions]`` whose instructions use only random variables defined by earlier ones and whose
-    decisions name existing instructions (TVM may crash on such a trace rather than raise)."""
+    decisions name existing instructions, and with no ``null`` where TVM's primitive takes no
+    optional (TVM may crash on such a trace rather than raise)."""
     if not (isinstance(obj, list) and len(obj) == 2 and all(isinstance(x, list) for x in obj)):
         raise ValueError("a trace is [instructions, decisions]")
     insts, decisions = obj
     defined: set[str] = set()
 
-    def used(x: Any) -> None:
-        if isinstance(x, list):
-            for y in x:
-                used(y)
-        elif isinstance(x, str) and _RV_NAME.fullmatch(x) and x not in defined:
-            raise ValueError(f"instruction {i} uses {x}, which no earlier instruction defines")
-
     for i, inst in enumerate(insts):
         if not (isinstance(inst, list) and len(inst) == 4 and isinstance(inst[0], str)
                 and all(isinstance(part, list) for part in inst[1:])):
             raise ValueError(f"instruction {i} is not [kind, inputs, attributes, outputs]")
-        used(inst[1])
+        for x in _leaves(inst[1]):
+            if isinstance(x, str) and _RV_NAME.fullmatch(x) and x not in defined:
+                raise ValueError(f"instruction {i} uses {x}, which no earlier instruction defines")
         if not all(isinstance(o, str) and _RV_NAME.fullmatch(o) for o in inst[3]):
             raise ValueError(f"instruction {i} has outputs that are not random-variable names")
+        for k, attr in enumerate(inst[2]):
+            if None in _leaves(attr) and (attr is not None or (inst[0], k) not in _NULLABLE_ATTRS):
+                raise ValueError(f"instruction {i} ({inst[0]}) has a null attribute {k}")
         defined.update(inst[3])
     for d in decisions:
-        if not (isinstance(d, list) and len(d) == 2 and isinstance(d[0], int) and 0 <= d[0] < len(insts)):
+        if not (isinstance(d, list) and len(d) == 2 and isinstance(d[0], int) and not isinstance(d[0], bool)
+                and 0 <= d[0] < len(insts)):
             raise ValueError(f"decision {d!r} names no instruction of the trace")
+        values = _leaves(d[1])
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            raise ValueError(f"the decision of instruction {d[0]} is not integers")
+        if insts[d[0]][0] in _TILE_SAMPLES and not (isinstance(d[1], list) and values and min(values) >= 1):
+            raise ValueError(f"the decision of instruction {d[0]} is not tile sizes of at least 1")
 
 
 _INLINE_FIELDS = (0, 1, 2, 3, 5)  # tvm-ffi's None, Int, Bool, Float, DataType: written in place, not as nodes

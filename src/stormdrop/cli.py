@@ -8,6 +8,8 @@ import json
 import logging
 import math
 import os
+import secrets
+import shutil
 import signal
 import sys
 import tempfile
@@ -378,7 +380,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     with _open_db(args.db, read_only=True) as db:  # refused here with its own line if it cannot be read
         path = db.path
-    n = int(isolated.run("export", path, args.out, what=path))  # TVM replays its traces: in a child
+    scratch = f".stormdrop-export-{os.getpid()}-{secrets.token_hex(4)}"  # the child writes here first
+    try:
+        n = int(isolated.run("export", path, args.out, "", scratch, what=path))  # TVM replays traces: in a child
+    finally:  # a child killed before its own cleanup leaves its files
+        shutil.rmtree(os.path.join(args.out, scratch), ignore_errors=True)
     print(f"exported {n} records to {args.out}")
     return 0
 

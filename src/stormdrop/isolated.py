@@ -42,9 +42,10 @@ def _steps() -> dict:
     def read(in_dir: str) -> str:
         return str(len(_ms_json.read_metaschedule(in_dir, progress=_at)))
 
-    def export(db_path: str, out_dir: str, target: str = "") -> str:
+    def export(db_path: str, out_dir: str, target: str = "", scratch: str = "") -> str:
         with Database(db_path, read_only=True) as db:
-            return str(_ms_json.export_metaschedule(db, out_dir, target=target or None, progress=_at))
+            return str(_ms_json.export_metaschedule(db, out_dir, target=target or None, progress=_at,
+                                                    scratch=scratch or None))
 
     return {"read_metaschedule": read, "export": export}
 
