@@ -288,6 +288,38 @@ def test_verification_falls_back_re_measures_and_is_never_claimed_unchecked(tmp_
         assert not session.result.verified and session.result.latency_s == pytest.approx(1.1e-3)
 
 
+def test_a_stored_time_is_not_trusted_over_its_re_measurement(tmp_path, traces):
+    """A best record that checks out but re-measures more than twice its stored time (an imported
+    or edited row) gets the re-measured time stored and the next record is tried: the faster of
+    the two re-measured wins, and the next run starts from the honest order."""
+    from dbutil import TARGET, matmul_mod
+
+    from stormdrop.records import MeasureResult
+    from stormdrop.space import Candidate
+    from stormdrop.tune import TaskSession
+    from stormdrop.verify import verify_bests
+    from stormdrop.workloads import Kernel
+
+    mod = matmul_mod()
+    kernel = Kernel("matmul_128", "matmul_128", "matmul", mod, 2 * 128**3)
+    cands = [Candidate.from_schedule(_tvm.schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:3]]
+    ok = lambda s: MeasureResult(run_secs=(s, s))  # noqa: E731
+    with Database(tmp_path / "v.db") as db:
+        TaskSession(db, _ScriptedGateway([ok(1e-4), ok(2e-3), ok(3e-3)]), kernel, TARGET, 0).evaluate(cands)
+        records = db.records(db.find_workload(mod).workload_id)
+        session = TaskSession(db, _ScriptedGateway([ok(5e-3), ok(2.1e-3)]), kernel, TARGET, 0)
+        verify_bests([session])  # record 0: 50x its stored time; record 1 as stored
+        assert session.result.verified and session.result.latency_s == pytest.approx(2.1e-3)
+        assert session.result.trace_json == records[1].trace_json
+        assert db.records(records[0].workload_id)[0].result.mean == pytest.approx(5e-3)
+        assert [r.record_id for r in db.best(records[0].workload_id, records[0].target, k=3)] == [
+            records[1].record_id, records[2].record_id, records[0].record_id]
+        session = TaskSession(db, _ScriptedGateway([ok(4.5e-3), ok(5e-3)]), kernel, TARGET, 0)
+        verify_bests([session])  # record 1: 2.25x its stored 2e-3; record 2 within 2x but slower still
+        assert session.result.latency_s == pytest.approx(4.5e-3) and session.result.trace_json == records[1].trace_json
+        assert session.result.fallbacks == 0
+
+
 def test_the_tasks_of_a_gateway_are_verified_together_each_falling_back_alone(tmp_path, traces):
     """One batch a round: both tasks' bests are built side by side; the task whose best fails
     (a wrong result) tries its next record in a second round, the other is done."""
