@@ -81,6 +81,27 @@ def test_a_kernel_that_cannot_load_is_a_typed_failure(gateway):
     assert r.error in (ErrorKind.BUILD_ERROR, ErrorKind.RUN_ERROR, ErrorKind.RUNNER_CRASH)  # a crash is retried once
 
 
+def test_a_killed_builder_is_a_retryable_failure_and_the_next_build_runs(gateway, kernel, monkeypatch):
+    """A build process that dies (the out-of-memory killer, a signal) is the machine's failure, not
+    the candidate's: a retryable ``BUILDER_CRASH``, measured again by a later run; the builder is
+    restarted for the next candidate."""
+    from stormdrop import workers
+
+    send = workers.Worker.send
+
+    def send_and_die(self, command, payload):
+        send(self, command, payload)
+        if command == "build":
+            self.proc.kill()
+
+    monkeypatch.setattr(workers.Worker, "send", send_and_die)
+    (r,) = gateway.measure(KEY, [kernel.mod])
+    assert r.error is ErrorKind.BUILDER_CRASH and r.error.retryable and "worker died" in r.error_msg
+    monkeypatch.setattr(workers.Worker, "send", send)
+    (r,) = gateway.measure(KEY, [kernel.mod])
+    assert r.ok
+
+
 def test_a_hang_times_out_and_the_next_candidate_still_runs(kernel):
     with Gateway(host_target(), MeasureConfig(repeat=3, min_repeat_ms=2000, run_timeout_s=1.0)) as gw:
         gw.prepare(KEY, kernel.mod)

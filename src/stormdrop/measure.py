@@ -201,7 +201,8 @@ class Gateway:
             for conn in ready:
                 worker, job = busy.pop(id(conn))
                 status, value = worker.receive()
-                out[job] = value if status == "ok" else MeasureResult.failure(ErrorKind.BUILD_ERROR, str(value))
+                out[job] = value if status == "ok" else MeasureResult.failure(
+                    ErrorKind.BUILDER_CRASH if status == "crash" else ErrorKind.BUILD_ERROR, str(value))
                 if status == "ok":
                     first, worker.jobs = "" if worker.jobs else "first_", worker.jobs + 1
                     self.stats[first + "built"] += 1

@@ -10,7 +10,8 @@ from .records import ErrorKind, Phase
 
 PHASE_COLOURS = {Phase.REUSE: "#2ca02c", Phase.STORM: "#1f77b4", Phase.RAINDROP: "#d62728"}
 FAILURE_MARKERS = {ErrorKind.INVALID_SCHEDULE: "1", ErrorKind.BUILD_ERROR: "x", ErrorKind.BUILD_TIMEOUT: "X",
-                   ErrorKind.RUN_ERROR: "+", ErrorKind.RUN_TIMEOUT: "P", ErrorKind.WRONG_RESULT: "*"}
+                   ErrorKind.BUILDER_CRASH: "4", ErrorKind.RUN_ERROR: "+", ErrorKind.RUN_TIMEOUT: "P",
+                   ErrorKind.RUNNER_CRASH: "3", ErrorKind.WRONG_RESULT: "*"}
 RUN_STYLES = ("-", "--")  # the report's run, the compared run
 
 

@@ -25,6 +25,7 @@ class ErrorKind(str, Enum):
     INVALID_SCHEDULE = "invalid_schedule"  # postprocessor rejected it; never built
     BUILD_ERROR = "build_error"
     BUILD_TIMEOUT = "build_timeout"
+    BUILDER_CRASH = "builder_crash"  # the build process died (killed: out of memory, the machine)
     RUN_ERROR = "run_error"
     RUN_TIMEOUT = "run_timeout"
     RUNNER_CRASH = "runner_crash"  # the timing process died (a crashing kernel, the machine)
@@ -32,9 +33,11 @@ class ErrorKind(str, Enum):
 
     @property
     def retryable(self) -> bool:
-        """A failure that may not happen again (a busy or lost device): a later run measures it once
-        more. Invalid schedules, build errors and timeouts, run errors and wrong results are final."""
-        return self in (ErrorKind.RUN_TIMEOUT, ErrorKind.RUNNER_CRASH)
+        """A failure that may not happen again (a busy machine, a lost device, a killed process): a
+        later run measures it once more. Invalid schedules, build and run errors and wrong results
+        are final."""
+        return self in (ErrorKind.RUN_TIMEOUT, ErrorKind.RUNNER_CRASH, ErrorKind.BUILD_TIMEOUT,
+                        ErrorKind.BUILDER_CRASH)
 
 
 IMPORTED = "imported:"  # the versions prefix of a record imported from another tuner's database
