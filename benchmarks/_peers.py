@@ -65,7 +65,7 @@ def machine() -> str:
 def tuned_best(kernel: Any, target: Any, trials: int, path: str, seed: int, **tune_kw: Any) -> tuple[dict, Any]:
     """Tune ``kernel`` (``trials`` storm + as many raindrop) into the database ``path``: its row
     (stored latency, tuning seconds, trials) and its best schedule, replayed on the workload."""
-    from stormdrop import _tvm
+    from stormdrop import _tvm_json
     from stormdrop.database import Database
     from stormdrop.kernel_tune import tune_kernel
     from stormdrop.target import canonical
@@ -74,7 +74,7 @@ def tuned_best(kernel: Any, target: Any, trials: int, path: str, seed: int, **tu
     with Database(path) as db:
         best = db.best(db.find_workload(kernel.mod).workload_id, canonical(target), k=1)[0]
     row = {"stored_s": t.latency_s, "tuning_s": t.tuning_s, "trials": t.trials}
-    return row, _tvm.schedule_from_trace_json(kernel.mod, best.trace_json).mod
+    return row, _tvm_json.schedule_from_trace_json(kernel.mod, best.trace_json).mod
 
 
 def retime_in_turns(target: Any, variants: dict[str, tuple[str, Any, Any]], rounds: int, seed: int

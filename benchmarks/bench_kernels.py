@@ -139,7 +139,7 @@ def tune_all(kernel, target, args, seed: int) -> dict[str, dict]:
     """Run every tuner on one kernel, one after another; each failure becomes a cell."""
     from _peers import run_meta_schedule, short
 
-    from stormdrop import _tvm
+    from stormdrop import _tvm_json
     from stormdrop.kernel_tune import tune_kernel
 
     res: dict[str, dict] = {}
@@ -151,7 +151,7 @@ def tune_all(kernel, target, args, seed: int) -> dict[str, dict]:
                                db=os.path.join(tmp, "stormdrop.sqlite"), seed=seed).tasks[0]
             wall = time.monotonic() - t0
             total = task.trials["storm"] + task.trials["raindrop"]
-            mod = _tvm.schedule_from_trace_json(kernel.mod, task.trace_json).mod
+            mod = _tvm_json.schedule_from_trace_json(kernel.mod, task.trace_json).mod
             res["stormdrop"] = {"mod": mod, "tuning_s": wall, "trials": total,
                                 "self_latency_s": task.latency_s, "trial_counts": dict(task.trials)}
         except Exception as err:  # noqa: BLE001 - one failure is a cell, the benchmark goes on

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     from _peers import machine, publish
     from bench_kernels import pin_threads
 
-    from stormdrop import _tvm
+    from stormdrop import _tvm_json
     from stormdrop.database import Database
     from stormdrop.kernel_tune import tune_kernel
     from stormdrop.measure import Gateway
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                         best[name] = db.best(wl.workload_id, key, k=1)[0]
                 with Gateway(target) as gw:
                     gw.prepare(spec, kernel.mod, seed)
-                    mods = {n: _tvm.schedule_from_trace_json(kernel.mod, b.trace_json).mod for n, b in best.items()}
+                    mods = {n: _tvm_json.schedule_from_trace_json(kernel.mod, b.trace_json).mod for n, b in best.items()}
                     times = {n: [] for n in mods}
                     for _ in range(args.rounds):
                         for n, res in zip(mods, gw.measure(spec, list(mods.values()))):

@@ -7,7 +7,7 @@ import tvm
 import tvm.s_tir.meta_schedule as ms
 from dbutil import TARGET, matmul_mod
 
-from stormdrop import _tvm
+from stormdrop import _tvm, _tvm_json
 
 
 @pytest.fixture(autouse=True)
@@ -36,6 +36,6 @@ def traces(mod: tvm.IRModule) -> list[str]:
     for sch in ctx.generate_design_space():
         sch.enter_postproc()
         assert all(p.apply(sch) for p in ctx.space_generator.postprocs)
-        out.append(_tvm.trace_to_json(sch.trace))
+        out.append(_tvm_json.trace_to_json(sch.trace))
     assert len(set(out)) >= 3
     return out

@@ -13,7 +13,7 @@ import tvm.s_tir.meta_schedule as ms
 from tvm import te
 from tvm.target import Target
 
-from stormdrop import _tvm
+from stormdrop import _tvm_json
 from stormdrop.database import Database, candidate_key, canonical_target
 from stormdrop.records import ErrorKind, MeasureResult, Phase, Record
 
@@ -33,7 +33,7 @@ def matmul_mod(n: int = 128) -> tvm.IRModule:
 
 def args_info_json(mod: tvm.IRModule) -> str:
     infos = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
-    return json.dumps([_tvm.to_py(a.as_json()) for a in infos])
+    return json.dumps([_tvm_json.to_py(a.as_json()) for a in infos])
 
 
 def make_record(wid: int, mod, trace: str, result: MeasureResult, at: float = 1.0) -> Record:

@@ -113,7 +113,7 @@ needs_gpu = pytest.mark.skipif(not _gpu_visible(), reason="needs an NVIDIA GPU v
 def test_a_cuda_kernel_is_tuned_on_the_gpu_and_its_best_computes_the_right_answer(tmp_path):
     import numpy as np
 
-    from stormdrop import _tvm
+    from stormdrop import _tvm_json
     from stormdrop.database import Database
     from stormdrop.kernel_tune import tune_kernel
 
@@ -130,7 +130,7 @@ def test_a_cuda_kernel_is_tuned_on_the_gpu_and_its_best_computes_the_right_answe
     assert len(records) == task.trials["storm"] + task.trials["raindrop"]
     # the best schedule, built again here, computes A @ B on the GPU
     target = parse_target(result.target)
-    sch = _tvm.schedule_from_trace_json(parse_kernel(spec).mod, task.trace_json)
+    sch = _tvm_json.schedule_from_trace_json(parse_kernel(spec).mod, task.trace_json)
     lib = tvm.compile(sch.mod, target=target)
     dev = tvm.cuda(0)
     a, b = (np.random.default_rng(i).standard_normal((256, 256)).astype("float32") for i in (1, 2))

@@ -23,7 +23,7 @@ from dbutil import dump, fill
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stormdrop import _tvm
+from stormdrop import _tvm, _tvm_json
 from stormdrop.cli import main
 from stormdrop.database import Database, export_metaschedule
 
@@ -248,7 +248,7 @@ def conv_traces() -> tuple:
     for sch in ctx.generate_design_space():
         sch.enter_postproc()
         if all(p.apply(sch) for p in ctx.space_generator.postprocs):
-            out.append(json.loads(_tvm.trace_to_json(sch.trace)))
+            out.append(json.loads(_tvm_json.trace_to_json(sch.trace)))
     kinds = {inst[0] for t in out for inst in t[0]}
     assert {"TransformLayout", "SampleCategorical", "Parallel", "Vectorize"} <= kinds, kinds
     return mod, out
@@ -283,7 +283,7 @@ def test_mutated_traces_are_refused_or_replayed_without_a_crash(conv_traces) -> 
     @given(_trace_mutants(traces))
     def case(obj) -> None:
         try:
-            _tvm.check_trace_json(obj)
+            _tvm_json.check_trace_json(obj)
         except ValueError:
             TALLY["trace refused by check_trace_json"] = TALLY.get("trace refused by check_trace_json", 0) + 1
             return

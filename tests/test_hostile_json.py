@@ -1,5 +1,5 @@
 """Crafted module JSON (in an imported MetaSchedule file or a database row) is refused with one
-line; TVM's loader, which would crash the process on it, never sees it (``_tvm.check_object_graph``)."""
+line; TVM's loader, which would crash the process on it, never sees it (``_tvm_json.check_object_graph``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import tvm
 import tvm_ffi
 from dbutil import TARGET, dump, fill, one_record_exported, stormdrop_cli
 
-from stormdrop import _tvm
+from stormdrop import _tvm_json
 from stormdrop.cli import main
 from stormdrop.database import Database
 
@@ -47,14 +47,14 @@ HOW = ["self", "later", "deep", "nested"]
 
 def test_a_module_graph_as_tvm_writes_it_passes(mod) -> None:
     text = tvm.ir.save_json(mod)
-    assert 0 < _tvm.check_object_graph(text) < _tvm.MAX_GRAPH_DEPTH
-    assert tvm_ffi.structural_equal(_tvm.load_object_json(text), mod)
+    assert 0 < _tvm_json.check_object_graph(text) < _tvm_json.MAX_GRAPH_DEPTH
+    assert tvm_ffi.structural_equal(_tvm_json.load_object_json(text), mod)
 
 
 @pytest.mark.parametrize("how", HOW)
 def test_a_crafted_module_graph_is_refused_before_tvm_sees_it(mod, how) -> None:
     with pytest.raises(ValueError):
-        _tvm.check_object_graph(_crafted(_graph(mod), how))
+        _tvm_json.check_object_graph(_crafted(_graph(mod), how))
 
 
 def test_a_self_referencing_graph_crashes_tvm_itself(tmp_path: Path, mod) -> None:

@@ -11,7 +11,7 @@ import tvm
 import tvm.s_tir.meta_schedule as ms
 from dbutil import SECS, TARGET, TARGET_KEY, dump, fill, matmul_mod, one_record_exported
 
-from stormdrop import _tvm
+from stormdrop import _tvm_json
 from stormdrop.database import (
     Database,
     candidate_key,
@@ -41,7 +41,7 @@ def test_export_compile_tir(tmp_path: Path, mod, traces) -> None:
     assert [float(x) for x in top[0].run_secs] == list(SECS[1])
     sch = ms.tir_integration.compile_tir(jdb, mod, TARGET)
     assert isinstance(sch, tvm.s_tir.Schedule)
-    assert _tvm.trace_to_json(sch.trace) == traces[1]
+    assert _tvm_json.trace_to_json(sch.trace) == traces[1]
     ex = tvm.compile(sch.mod, target=TARGET)
     dev = tvm.cpu()
     rng = np.random.default_rng(1)
@@ -80,7 +80,7 @@ def test_import_failure_marker(tmp_path: Path, mod, traces) -> None:
     wl = jdb.commit_workload(mod)
     infos = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     for t, secs in zip(traces[:2], ([1e10], [2**-10]), strict=True):
-        trace = _tvm.schedule_from_trace_json(mod, t).trace
+        trace = _tvm_json.schedule_from_trace_json(mod, t).trace
         jdb.commit_tuning_record(ms.database.TuningRecord(trace, wl, secs, TARGET, infos))
     with Database(tmp_path / "d.db") as db:
         assert import_metaschedule(db, str(out)) == 2

@@ -14,7 +14,7 @@ from dbutil import SPEC
 from dbutil import stored_rows as _rows
 from dbutil import stormdrop_cli as _stormdrop
 
-from stormdrop import _tvm
+from stormdrop import _tvm_json
 from stormdrop.database import Database
 from stormdrop.kernel_tune import tune_kernel
 from stormdrop.records import ErrorKind, Phase
@@ -48,7 +48,7 @@ def test_tiny_kernel_end_to_end_is_verified_and_resumes(tmp_path):
     assert task.latency_s == pytest.approx(best.mean, rel=0.5)
     # The best trace, replayed from the database, computes the right answer.
     kernel = parse_kernel(SPEC)
-    sch = _tvm.schedule_from_trace_json(kernel.mod, task.trace_json)
+    sch = _tvm_json.schedule_from_trace_json(kernel.mod, task.trace_json)
     ex = tvm.compile(sch.mod, target=tvm.target.Target(json.loads(result.target)))
     a, b = np.random.rand(64, 64).astype("float32"), np.random.rand(64, 64).astype("float32")
     out = tvm.runtime.empty((64, 64), "float32", tvm.cpu())
@@ -198,7 +198,7 @@ def test_run_timeouts_and_crashes_are_retried_once_by_the_next_run(tmp_path, tra
 
     mod = matmul_mod()
     kernel = Kernel("matmul_128", "matmul_128", "matmul", mod, 2 * 128**3)
-    cands = [Candidate.from_schedule(_tvm.schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:3]]
+    cands = [Candidate.from_schedule(_tvm_json.schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:3]]
     fail = MeasureResult.failure
     with Database(tmp_path / "r.db") as db:
         first = _ScriptedGateway([fail(ErrorKind.RUN_TIMEOUT, "no answer"), fail(ErrorKind.RUNNER_CRASH, "died"),
@@ -260,7 +260,7 @@ def test_verification_falls_back_re_measures_and_is_never_claimed_unchecked(tmp_
 
     mod = matmul_mod()
     kernel = Kernel("matmul_128", "matmul_128", "matmul", mod, 2 * 128**3)
-    cands = [Candidate.from_schedule(_tvm.schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:3]]
+    cands = [Candidate.from_schedule(_tvm_json.schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:3]]
     ok = lambda s: MeasureResult(run_secs=(s, s))  # noqa: E731
     with Database(tmp_path / "v.db") as db:
         TaskSession(db, _ScriptedGateway([ok(1e-3), ok(2e-3), ok(3e-3)]), kernel, TARGET, 0).evaluate(cands)
@@ -302,7 +302,7 @@ def test_a_stored_time_is_not_trusted_over_its_re_measurement(tmp_path, traces):
 
     mod = matmul_mod()
     kernel = Kernel("matmul_128", "matmul_128", "matmul", mod, 2 * 128**3)
-    cands = [Candidate.from_schedule(_tvm.schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:3]]
+    cands = [Candidate.from_schedule(_tvm_json.schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:3]]
     ok = lambda s: MeasureResult(run_secs=(s, s))  # noqa: E731
     with Database(tmp_path / "v.db") as db:
         TaskSession(db, _ScriptedGateway([ok(1e-4), ok(2e-3), ok(3e-3)]), kernel, TARGET, 0).evaluate(cands)
@@ -333,7 +333,7 @@ def test_the_tasks_of_a_gateway_are_verified_together_each_falling_back_alone(tm
 
     mod = matmul_mod()
     kernel = Kernel("matmul_128", "matmul_128", "matmul", mod, 2 * 128**3)
-    cands = [Candidate.from_schedule(_tvm.schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:2]]
+    cands = [Candidate.from_schedule(_tvm_json.schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:2]]
     ok = lambda s: MeasureResult(run_secs=(s, s))  # noqa: E731
     with Database(tmp_path / "a.db") as a, Database(tmp_path / "b.db") as b:
         for db in (a, b):
@@ -373,7 +373,7 @@ def test_the_ledger_charges_neither_imported_records_nor_stored_results(tmp_path
 
     mod = matmul_mod()
     kernel = Kernel("matmul_128", "matmul_128", "matmul", mod, 2 * 128**3)
-    cands = [Candidate.from_schedule(_tvm.schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:3]]
+    cands = [Candidate.from_schedule(_tvm_json.schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:3]]
     with Database(tmp_path / "l.db") as db:
         wid = db.commit_workload(mod, name=kernel.name, op_class="matmul", flops=kernel.flops).workload_id
         db.commit_record(Record(wid, canonical(TARGET), cands[0].key, cands[0].trace_json, "[]",

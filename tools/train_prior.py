@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import tvm
 
-from stormdrop import _tvm, prior
+from stormdrop import _tvm_json, prior
 from stormdrop.database import Database
 from stormdrop.storm import make_context, new_xgb_model
 from stormdrop.target import from_canonical
@@ -36,7 +36,7 @@ def extract(db: Database) -> list[prior.PriorGroup]:
             cands, costs = [], []
             for rec in db.records(entry.workload_id, target_key):
                 try:
-                    sch = _tvm.schedule_from_trace_json(entry.mod, rec.trace_json)
+                    sch = _tvm_json.schedule_from_trace_json(entry.mod, rec.trace_json)
                 except Exception:  # noqa: BLE001 - a trace that no longer replays is skipped
                     continue
                 args = ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])

@@ -10,9 +10,6 @@
 - TVM's CPU runtime starts ``hardware_concurrency / 2`` threads on x86 (one on
   a 2-core machine), whatever the target's ``num-cores`` says; the count is read
   from ``TVM_NUM_THREADS`` when the thread pool starts (``runtime_threads_env``).
-- ``Trace.as_json`` holds ``IntImm``/``FloatImm`` that ``json.dumps`` cannot
-  serialize, and ``tvm.ir.load_json`` of a saved Trace segfaults when replayed:
-  traces travel as plain JSON (``trace_to_json`` / ``schedule_from_trace_json``).
 - ``VMExecutable.export_library`` logs ``Warning: Scope Saving:`` from C++ once per
   saved item (a few hundred lines for ResNet-18) straight to file descriptor 2:
   ``export_library`` runs it with those lines filtered out of stderr.
@@ -49,21 +46,8 @@
   memory (every build then timed out). The same library loaded once and called again does
   not grow. The gateway recycles its runner process when it has grown past a limit
   (``memory.runner_memory_limit_mb``).
-- ``TuningRecord.from_json`` (and ``Trace.apply_json_to_schedule``) on a trace whose
-  instructions use a random variable no earlier instruction defined (a truncated or edited
-  file) crashes the process now and then (segmentation fault) instead of raising.
-  ``check_trace_json`` refuses such a trace with a ``ValueError`` before TVM sees it.
-- A JSON ``null`` where an instruction's attribute or decision should be a value (GetSBlock's
-  block name, SamplePerfectTile's n, Split's flags, any decision) reaches a non-optional argument
-  of the primitive unchecked and crashes the process (segmentation fault); a value of another
-  type raises a ``TypeError``. A tile size of 0 in a SamplePerfectTile decision divides by zero
-  (SIGFPE). ``check_trace_json`` allows ``null`` only where TVM's primitive takes an optional
-  (``_NULLABLE_ATTRS``) and in inputs (Split's inferred factor), and decisions of integers only,
-  tile sizes >= 1.
-- ``tvm.ir.load_json`` decodes an object graph recursively: a graph whose node refers to itself
-  or to a later node, or a chain of a few thousand nodes, overflows the stack (segmentation
-  fault); so does deeply nested JSON text. A module from a file or a database row goes through
-  ``load_object_json`` / ``check_workload_json``, which refuse those with a ``ValueError``.
+- TVM's JSON formats (traces, object graphs), which its decoders crash on instead of raising
+  for some inputs: ``_tvm_json`` (its notes say which).
 - CUDA sources compiled to cubins on the host with NVRTC: ``_nvrtc`` (its notes say why).
 - ``relax.transform.ConvertLayout`` dies with ``std::bad_alloc`` on a ``squeeze`` whose axis
   is negative (torchvision's ViT through PyTorch's exporter: ``Squeeze(axes=[-2])`` in its
@@ -73,22 +57,17 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import functools
 import importlib.util
-import json
 import math
 import os
 import platform
-import re
 import sys
 import types
 from typing import Any
 
 import tvm
-from tvm.s_tir import Schedule, Trace
-from tvm.tirx import FloatImm, IntImm
+from tvm.s_tir import Schedule
 
 _INTRIN_PKG = "tvm.s_tir.tensor_intrin"
 
@@ -164,201 +143,6 @@ def runtime_threads_env(num_cores: int, env: dict | None = None) -> dict:
     if "TVM_NUM_THREADS" not in env and num_cores > 0:
         env["TVM_NUM_THREADS"] = str(num_cores)
     return env
-
-
-def to_py(obj: Any) -> Any:
-    """Convert TVM containers/immediates of a trace JSON object into plain Python."""
-    if isinstance(obj, (list, tuple)) or type(obj).__name__ == "Array":
-        return [to_py(x) for x in obj]
-    if isinstance(obj, IntImm):
-        return int(obj.value)
-    if isinstance(obj, FloatImm):
-        return float(obj.value)
-    if isinstance(obj, (bool, int, float, str)) or obj is None:
-        return obj
-    if hasattr(obj, "value"):
-        return to_py(obj.value)
-    return str(obj)
-
-
-def trace_to_json(trace: Trace, remove_postproc: bool = False) -> str:
-    """The trace as canonical JSON text (decisions included)."""
-    return json.dumps(to_py(trace.as_json(remove_postproc=remove_postproc)), separators=(",", ":"))
-
-
-_RV_NAME = re.compile(r"[a-z]\d+")  # how a trace's JSON names its random variables: b0, l1, v2
-# (instruction kind, attribute index) whose primitive takes an optional there: TransformLayout's pad value
-_NULLABLE_ATTRS = frozenset({("TransformLayout", 2)})
-_TILE_SAMPLES = frozenset({"SamplePerfectTile", "SamplePartitionedTile"})  # a tile size of 0 divides by zero
-
-
-MAX_TRACE_NESTING = 16  # a trace's values nest 2-3 lists deep (SampleCategorical's candidates)
-
-
-def _leaves(x: Any) -> list:
-    """The non-list values inside ``x`` (``x`` itself if it is not a list); ``ValueError`` when
-    lists nest deeper than ``MAX_TRACE_NESTING`` (walked without recursion)."""
-    out, stack = [], [(x, 0)]
-    while stack:
-        y, depth = stack.pop()
-        if not isinstance(y, list):
-            out.append(y)
-        elif depth >= MAX_TRACE_NESTING:
-            raise ValueError(f"a trace's value nests lists more than {MAX_TRACE_NESTING} deep")
-        else:
-            stack.extend((z, depth + 1) for z in y)
-    return out
-
-
-def check_trace_json(obj: Any) -> None:
-    """Raise ``ValueError`` unless ``obj`` is shaped like a trace's JSON ``[instructions,
-    decisions]`` whose instructions use only random variables defined by earlier ones and whose
-    decisions name existing instructions, and with no ``null`` where TVM's primitive takes no
-    optional (TVM may crash on such a trace rather than raise)."""
-    if not (isinstance(obj, list) and len(obj) == 2 and all(isinstance(x, list) for x in obj)):
-        raise ValueError("a trace is [instructions, decisions]")
-    insts, decisions = obj
-    defined: set[str] = set()
-
-    for i, inst in enumerate(insts):
-        if not (isinstance(inst, list) and len(inst) == 4 and isinstance(inst[0], str)
-                and all(isinstance(part, list) for part in inst[1:])):
-            raise ValueError(f"instruction {i} is not [kind, inputs, attributes, outputs]")
-        for x in _leaves(inst[1]):
-            if isinstance(x, str) and _RV_NAME.fullmatch(x) and x not in defined:
-                raise ValueError(f"instruction {i} uses {x}, which no earlier instruction defines")
-        if not all(isinstance(o, str) and _RV_NAME.fullmatch(o) for o in inst[3]):
-            raise ValueError(f"instruction {i} has outputs that are not random-variable names")
-        for k, attr in enumerate(inst[2]):
-            if None in _leaves(attr) and (attr is not None or (inst[0], k) not in _NULLABLE_ATTRS):
-                raise ValueError(f"instruction {i} ({inst[0]}) has a null attribute {k}")
-        defined.update(inst[3])
-    for d in decisions:
-        if not (isinstance(d, list) and len(d) == 2 and isinstance(d[0], int) and not isinstance(d[0], bool)
-                and 0 <= d[0] < len(insts)):
-            raise ValueError(f"decision {d!r} names no instruction of the trace")
-        values = _leaves(d[1])
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-            raise ValueError(f"the decision of instruction {d[0]} is not integers")
-        if insts[d[0]][0] in _TILE_SAMPLES and not (isinstance(d[1], list) and values and min(values) >= 1):
-            raise ValueError(f"the decision of instruction {d[0]} is not tile sizes of at least 1")
-
-
-_INLINE_FIELDS = (0, 1, 2, 3, 5)  # tvm-ffi's None, Int, Bool, Float, DataType: written in place, not as nodes
-_SEQUENCES = ("ffi.Array", "ffi.List", "ffi.Map", "ffi.Dict")
-_SCALARS = ("None", "bool", "int", "float", "DataType", "Device", "ffi.String", "ffi.Bytes", "ffi.Shape")
-MAX_GRAPH_DEPTH = 500  # TVM decodes a graph recursively (an 8 MB stack overflowed at ~1900 nested
-# expressions); the deepest kernel seen in the project's databases is ~50
-
-
-def _reference_fields(type_key: str) -> tuple[bool, dict[str, bool]] | None:
-    """For an object type: whether its data is its own (decoded without other nodes), and each
-    field's name -> whether it holds a node index. None for a type tvm-ffi does not know."""
-    from tvm_ffi import core
-
-    try:
-        index = core._object_type_key_to_index(type_key)
-    except Exception:  # noqa: BLE001 - any failure: an unknown type
-        return None
-    if index is None:
-        return None
-    if core._lookup_type_attr(index, "__data_from_json__", True) is not None:
-        return True, {}
-    fields: dict[str, bool] = {}
-    info = core._type_index_to_type_info(index)
-    while info is not None:
-        for f in info.fields:
-            fields.setdefault(f.name, f.field_static_type_index not in _INLINE_FIELDS)
-        info = info.parent_type_info
-    return False, fields
-
-
-def load_object_json(text: str) -> Any:
-    """``tvm.ir.load_json(text)``, refusing first (``ValueError``, ``check_object_graph``) what
-    would crash TVM rather than raise."""
-    check_object_graph(text)
-    try:
-        return tvm.ir.load_json(text)
-    except Exception as e:  # noqa: BLE001 - TVM raises assorted errors (a required field missing, a wrong type)
-        raise ValueError(str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__) from None
-
-
-def check_object_graph(text: str) -> int:
-    """The depth of the TVM object graph in JSON ``text``; ``ValueError`` for what would crash
-    TVM's loader: it decodes a graph recursively, so a node that refers to itself or to a later
-    node (a cycle), a chain deeper than ``MAX_GRAPH_DEPTH`` or deeply nested JSON kills the
-    process with a stack overflow. A graph as TVM writes it lists every node after the nodes it
-    refers to."""
-    try:
-        graph = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise ValueError(f"not JSON: {str(e)[:80]}") from None
-    if not isinstance(graph, dict) or not isinstance(graph.get("nodes"), list):
-        raise ValueError("not a TVM object graph ({'root_index': ..., 'nodes': [...]})")
-    nodes, root = graph["nodes"], graph.get("root_index")
-    if not (isinstance(root, int) and 0 <= root < len(nodes)):
-        raise ValueError(f"root_index {root!r} names no node")
-    known: dict[str, Any] = {}
-    depth = [0] * len(nodes)
-
-    def refs(i: int, node: Any) -> list[Any]:
-        if not (isinstance(node, dict) and isinstance(node.get("type"), str)):
-            raise ValueError(f"node {i} is not {{'type': ..., 'data': ...}}")
-        kind, data = node["type"], node.get("data")
-        flat = data if isinstance(data, list) else list(data.values()) if isinstance(data, dict) else [data]
-        if any(isinstance(x, (list, dict)) for x in flat):
-            raise ValueError(f"node {i} ({kind}) has nested data")
-        if kind in _SEQUENCES:
-            if not isinstance(data, list):
-                raise ValueError(f"node {i} ({kind}) data is not a list of node indices")
-            return data
-        if kind in _SCALARS:
-            return []
-        if kind not in known:
-            known[kind] = _reference_fields(kind)
-        if known[kind] is None:
-            raise ValueError(f"node {i} has an unknown type {kind[:60]!r}")
-        own, fields = known[kind]
-        if own or not isinstance(data, dict):
-            return []
-        return [v for name, v in data.items() if fields.get(name, True) and v is not None]
-
-    for i, node in enumerate(nodes):
-        for j in refs(i, node):
-            if not (isinstance(j, int) and not isinstance(j, bool) and 0 <= j < i):
-                raise ValueError(f"node {i} refers to {j!r}: not an earlier node")
-            depth[i] = max(depth[i], depth[j] + 1)
-        if depth[i] > MAX_GRAPH_DEPTH:
-            raise ValueError(f"node {i} is {depth[i]} references deep (at most {MAX_GRAPH_DEPTH})")
-    return max(depth, default=0)
-
-
-def check_workload_json(obj: Any) -> None:
-    """``ValueError`` unless ``obj`` is a MetaSchedule workload's JSON, ``[structural hash,
-    base64 of (its length, 8 bytes little-endian, then the module's JSON)]``, whose module graph
-    passes ``check_object_graph``."""
-    if not (isinstance(obj, list) and len(obj) == 2 and all(isinstance(x, str) for x in obj)):
-        raise ValueError("a workload is [structural hash, module in base64]")
-    try:
-        blob = base64.b64decode(obj[1], validate=True)
-    except binascii.Error as e:
-        raise ValueError(f"its module is not base64: {e}") from None
-    if len(blob) < 8 or int.from_bytes(blob[:8], "little") != len(blob) - 8:
-        raise ValueError("its module's length does not match its bytes")
-    try:
-        text = blob[8:].decode("utf-8")
-    except UnicodeDecodeError:
-        raise ValueError("its module is not UTF-8 text") from None
-    check_object_graph(text)
-
-
-def schedule_from_trace_json(mod: tvm.IRModule, text: str) -> Schedule:
-    """Replay a stored trace (as written by ``trace_to_json``) on ``mod``."""
-    obj = json.loads(text)
-    check_trace_json(obj)
-    sch = Schedule(mod)
-    Trace.apply_json_to_schedule(obj, sch)
-    return sch
 
 
 _EXPORT_NOISE = "Warning: Scope Saving:"

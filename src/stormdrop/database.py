@@ -25,7 +25,7 @@ import tvm
 import tvm.s_tir.meta_schedule as ms
 import tvm_ffi
 
-from . import _tvm
+from . import _tvm_json
 from ._claims import Claims
 from ._schema import RECORD_COLS, WORKLOAD_COLS, open_connection, record_from_row
 from .errors import DatabaseError, one_line
@@ -174,7 +174,7 @@ class Database(Claims):
         mod = self._mods.get(wid)
         if mod is None:
             try:
-                mod = self._mods[wid] = _tvm.load_object_json(mod_json)
+                mod = self._mods[wid] = _tvm_json.load_object_json(mod_json)
             except ValueError as e:  # crafted or damaged: TVM would crash on some of it
                 raise DatabaseError(f"database {self.path}: workload {wid} ({str(name)[:60]!r}) is not a module: "
                                     f"{one_line(e)}") from None

@@ -20,7 +20,7 @@ import tvm.s_tir.meta_schedule as ms
 from tvm import relax
 from tvm.target import Target
 
-from . import _tvm
+from . import _tvm, _tvm_json
 from .runtimes import onnxruntime_timer, openvino_timer
 from .timing_lock import timing
 from .workloads.models import Model
@@ -47,7 +47,7 @@ def commit_best(mdb: ms.database.Database, mod: tvm.IRModule, trace_json: str, l
                 target: Target) -> None:
     """Put one tuned schedule of ``mod`` into a MetaSchedule database."""
     wl = mdb.commit_workload(mod)
-    sch = _tvm.schedule_from_trace_json(mod, trace_json)
+    sch = _tvm_json.schedule_from_trace_json(mod, trace_json)
     mdb.commit_tuning_record(ms.database.TuningRecord(
         sch.trace, wl, [latency_s], target, ms.arg_info.ArgInfo.from_prim_func(mod["main"])))
 

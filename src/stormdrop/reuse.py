@@ -42,7 +42,7 @@ import tvm_ffi
 from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import Instruction, Trace
 
-from . import _tvm
+from . import _tvm_json
 from .database import Database, WorkloadEntry
 from .errors import DatabaseError, SpecError, one_line
 from .records import Phase
@@ -180,7 +180,7 @@ def transfer(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModule, 
     elementwise epilogues inlined first, the donor's extra ones left out of its trace, tiles
     refitted); None when it does not apply."""
     try:
-        donor = _tvm.schedule_from_trace_json(donor_mod, donor_trace_json)
+        donor = _tvm_json.schedule_from_trace_json(donor_mod, donor_trace_json)
         sch = Schedule(mod)
         unscheduled = Schedule(donor_mod)
         matched = _match_blocks(unscheduled, sch)
@@ -230,7 +230,7 @@ def in_sketches(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModul
     and categorical choice of the sketch are the donor's k-th. Sketches that do not line up, or
     that TVM or a postprocessor rejects, give nothing."""
     try:
-        tiles, cats = _decisions(_tvm.schedule_from_trace_json(donor_mod, donor_trace_json).trace)
+        tiles, cats = _decisions(_tvm_json.schedule_from_trace_json(donor_mod, donor_trace_json).trace)
     except Exception as err:  # noqa: BLE001 - a donor trace that no longer replays gives nothing
         log.debug("donor trace does not replay: %s", one_line(err))
         return []

@@ -23,7 +23,7 @@ from functools import partial
 import tvm
 from tvm.target import Target
 
-from . import __version__, _tvm
+from . import __version__, _tvm_json
 from .database import Database, WorkloadEntry
 from .history import Trial
 from .measure import Gateway
@@ -181,7 +181,7 @@ class TaskSession:
         return f"{phase.value} best {self.best * 1e6:.1f} us {self.kernel.flops / self.best / 1e9:.1f} GFLOPS{tail}"
 
     def candidate_of(self, record: Record, phase: Phase) -> Candidate:
-        sch = _tvm.schedule_from_trace_json(self.kernel.mod, record.trace_json)
+        sch = _tvm_json.schedule_from_trace_json(self.kernel.mod, record.trace_json)
         return Candidate.from_schedule(sch, phase)
 
 
@@ -207,7 +207,7 @@ def _finite(x: float) -> float | None:
 def _args_json(c: Candidate) -> str:
     import json
 
-    return json.dumps([_tvm.to_py(a.as_json()) for a in c.args_info])
+    return json.dumps([_tvm_json.to_py(a.as_json()) for a in c.args_info])
 
 
 class TaskTuner:
