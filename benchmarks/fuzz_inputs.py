@@ -3,6 +3,7 @@ seeded) with ``--examples`` cases per test, in a child process (a crash would be
 signal), each command's exit codes counted.
 
     python benchmarks/fuzz_inputs.py --examples 2000
+    python benchmarks/fuzz_inputs.py --examples 20000 -k traces   # the trace test alone
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import time
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--examples", type=int, default=2000, help="cases per test (two tests)")
+    p.add_argument("--examples", type=int, default=2000, help="cases per test (three tests)")
+    p.add_argument("-k", dest="select", default="", help="only the tests pytest's -k selects (e.g. traces)")
     p.add_argument("--out", default="benchmarks/RESULTS.md")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -31,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         tally_path = os.path.join(tmp, "tally.json")
         env = dict(os.environ, FUZZ_EXAMPLES=str(args.examples), FUZZ_TALLY=tally_path)
         t0 = time.monotonic()
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_fuzz.py"],
+        select = ["-k", args.select] if args.select else []
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_fuzz.py", *select],
                            cwd=root, env=env, capture_output=True, text=True)
         wall = time.monotonic() - t0
         tally = json.load(open(tally_path)) if os.path.exists(tally_path) else {}
@@ -46,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     tracebacks = sum(n for k, n in tally.items() if "traceback" in k)
     other = sum(n for k, n in tally.items() if " exit " in k and not k.endswith((" exit 0", " exit 2")))
     lines = ["", f"## Fuzzing, {datetime.datetime.now():%Y-%m-%d %H:%M}", "", f"- machine: {machine()}",
-             f"- command: `{' '.join(sys.argv)}`", f"- tests/test_fuzz.py, {args.examples} cases per test, "
+             f"- command: `{' '.join(sys.argv)}`", f"- tests/test_fuzz.py{' -k ' + args.select if args.select else ''}, "
+             f"{args.examples} cases per test, "
              f"{wall:.0f} s: pytest `{summary}` (exit {r.returncode}{', killed by a signal' if crashed else ''})", "",
              "| command, outcome | cases |", "| --- | --- |",
              *(f"| {k} | {n} |" for k, n in sorted(tally.items())), "",
