@@ -5,9 +5,10 @@ inside the compiled model (``per_task`` of a ``bench_models.py --json`` file).
 
     python benchmarks/layers_vs_openvino.py DIR/regnet_y_800mf.onnx --json results.json
 
-A task is matched to the OpenVINO group whose FLOPs a call are within 2% and whose count is the
-task's weight; unmatched groups and tasks are listed too (fused differently). Both columns are
-microseconds summed over the network's calls; the profiler's own overhead is in OpenVINO's.
+Neither side's names tell which layer a task is, so the two are compared by FLOPs a call (within
+2%): layers of equal FLOPs (a ResNet's bottleneck 1x1 convolutions) form one class. Times are
+microseconds summed over the network's calls; the profiler's own overhead is in OpenVINO's, and
+stormdrop's in-model timing is each kernel timed in place (``bench_models.py``).
 """
 
 from __future__ import annotations
@@ -95,25 +96,39 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.json} has no model {args.network}", file=sys.stderr)
             return 2
         tasks = [t for t in model["stormdrop"]["per_task"] if t.get("in_model_s")]
-    rows, used = [], set()
+    print(f"OpenVINO: {sum(us for us, _ in groups.values()):.0f} us in convolutions and matrix products, {other:.0f} us "
+          "in its other layers (a profiled inference)")
+    print("| layer (OpenVINO) | calls | GFLOP a call | OpenVINO us |")
+    print("| --- | --- | --- | --- |")
+    for (desc, flops), (us, calls) in sorted(groups.items(), key=lambda g: -g[1][0]):
+        print(f"| {desc} | {calls} | {flops / 1e9:.4f} | {us:.0f} |")
+    if not tasks:
+        return 0
+    # layers of equal FLOPs are told apart by neither side's names: compared by FLOPs a call
+    classes: dict[int, dict] = {}
     for (desc, flops), (us, calls) in groups.items():
-        match = next((t for t in tasks if id(t) not in used and t["weight"] == calls
-                      and abs(t["flops"] - flops) <= 0.02 * flops), None)
-        if match is not None:
-            used.add(id(match))
-        ours = match["in_model_s"] * 1e6 if match else None
-        rows.append((us, calls, desc, flops, ours, match["name"] if match else "-"))
-    print(f"OpenVINO layers: {sum(r[0] for r in rows):.0f} us in convolutions and matrix products, {other:.0f} us in "
-          "the others (a profiled inference)")
-    print("| layer | calls | GFLOP a call | OpenVINO us | stormdrop us | OpenVINO / stormdrop | task |")
+        key = next((k for k in classes if abs(k - flops) <= 0.02 * flops), flops)
+        c = classes.setdefault(key, {"ov": 0.0, "calls": 0, "ours": 0.0, "tasks": [], "layers": []})
+        c["ov"] += us
+        c["calls"] += calls
+        c["layers"].append(desc)
+    rest = []
+    for t in tasks:
+        key = next((k for k in classes if abs(k - t["flops"]) <= 0.02 * k), None)
+        if key is None:
+            rest.append(t)
+            continue
+        classes[key]["ours"] += t["in_model_s"] * 1e6
+        classes[key]["tasks"].append(f"{t['name']} x{t['weight']}")
+    print()
+    print("| GFLOP a call | OpenVINO calls | OpenVINO us | stormdrop us | OpenVINO / stormdrop | OpenVINO layers | stormdrop tasks |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    for us, calls, desc, flops, ours, name in sorted(rows, key=lambda r: -max(r[0], r[4] or 0)):
-        ratio = f"{us / ours:.2f}" if ours else "-"
-        print(f"| {desc} | {calls} | {flops / 1e9:.4f} | {us:.0f} | {ours:.0f} | {ratio} | {name} |" if ours else
-              f"| {desc} | {calls} | {flops / 1e9:.4f} | {us:.0f} | - | - | - |")
-    rest = [t for t in tasks if id(t) not in used]
+    for flops, c in sorted(classes.items(), key=lambda kc: -max(kc[1]["ov"], kc[1]["ours"])):
+        ratio = f"{c['ov'] / c['ours']:.2f}" if c["ours"] else "-"
+        print(f"| {flops / 1e9:.4f} | {c['calls']} | {c['ov']:.0f} | {c['ours']:.0f} | {ratio} | {'; '.join(c['layers'])} "
+              f"| {', '.join(c['tasks']) or '-'} |")
     if rest:
-        print(f"stormdrop tasks matched to no OpenVINO layer: {sum(t['in_model_s'] for t in rest) * 1e6:.0f} us: "
+        print(f"stormdrop tasks of no OpenVINO layer's FLOPs: {sum(t['in_model_s'] for t in rest) * 1e6:.0f} us: "
               + ", ".join(f"{t['name']} {t['in_model_s'] * 1e6:.0f}" for t in sorted(rest, key=lambda t: -t["in_model_s"])[:12]))
     return 0
 
