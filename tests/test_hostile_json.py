@@ -61,11 +61,20 @@ def test_a_self_referencing_graph_crashes_tvm_itself(tmp_path: Path, mod) -> Non
     """Why the check exists: the same text handed to TVM kills the process (SIGSEGV)."""
     path = tmp_path / "g.json"
     path.write_text(_crafted(_graph(mod), "self"))
+    import resource
     import subprocess
     import sys
 
-    code = f"import tvm; tvm.ir.load_json(open({str(path)!r}).read())"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=300).returncode < 0
+    def small_stack() -> None:  # the recursion overflows a 1 MB stack 8x sooner than the default 8 MB
+        resource.setrlimit(resource.RLIMIT_STACK, (1 << 20, 1 << 20))
+
+    code = "import sys, tvm; tvm.ir.load_json(open(sys.argv[1]).read())"
+    r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, timeout=300, preexec_fn=small_stack)
+    assert r.returncode < 0, r.stderr[-300:]
+    (tmp_path / "ok.json").write_text(json.dumps(_graph(mod)))  # the same stack holds a sound graph's load
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "ok.json")], capture_output=True, timeout=300,
+                       preexec_fn=small_stack)
+    assert r.returncode == 0, r.stderr[-300:]
 
 
 def _blob(text: str) -> str:
