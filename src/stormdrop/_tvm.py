@@ -2,8 +2,8 @@
 
 - ``import tvm.s_tir.tensor_intrin`` (done by every ``TuneContext`` and by
   MetaSchedule's builder) imports the intrinsics of every backend; the CUDA ones
-  alone take ~22 s of a ~32 s import on a 2-core x86 machine. For CPU targets we
-  register only the intrinsics of the target's CPU family (x86 0.6 s; ARM 4.6 s), by
+  take most of that import's time. For CPU targets we
+  register only the intrinsics of the target's CPU family, by
   putting a package object in ``sys.modules`` whose ``__init__`` has not run
   (``load_tensor_intrinsics``). For CUDA the real package is imported. Measurement
   workers need none: they build and run modules that are already scheduled.
@@ -21,8 +21,8 @@
   trace is the same: one ``Unannotate``).
 - The ONNX importer turns ``Clip`` (ReLU6 in MobileNets) into TE ``maximum``/``minimum``
   ``call_tir`` functions rather than Relax ops: ``ConvertLayout`` cannot see through them,
-  so every ReLU6 of an NHWC model became its own kernel between two transposes (18% of
-  MobileNetV2's time at 224x224) and never fused into its convolution.
+  so every ReLU6 of an NHWC model became its own kernel between two transposes (a large share
+  of a MobileNet's time) and never fused into its convolution.
   ``clip_as_relax_op`` makes the importer emit Relax ``maximum``/``minimum`` ops when the
   bounds are constant scalars (other Clips keep the importer's own conversion), and for
   ``HardSigmoid`` and ``HardSwish`` (float32), whose converters call ``relax.op.clip``: in an
@@ -33,16 +33,16 @@
   ``combine_parallel_matmuls`` binds them to variables first, runs the pass, and folds
   the concatenated weights back into constants.
 - Relax's ``FoldConstant`` builds and JIT-compiles the function of every call it folds anew
-  (no cache across call sites): after ``SplitLayoutRewritePreproc`` MobileBERT's 360 weight
-  prepacks (7 distinct functions) took 25-27 s of its 29-s compile after tuning, ResNet-50's
-  3.3 s (2 cores), and the search's time budget had no room for them.
-  ``fold_weight_prepacks`` runs every prepack with its function built once (0.6 s and 1.4 s,
-  outputs bit for bit the same); ``FoldConstant`` then has nothing of them left to fold.
+  (no cache across call sites): after ``SplitLayoutRewritePreproc`` a model with hundreds of
+  weight prepacks of a few distinct functions (MobileBERT) spent most of its compile after
+  tuning on them, more than the search's time budget kept for it.
+  ``fold_weight_prepacks`` runs every prepack with its function built once (outputs bit for bit
+  the same); ``FoldConstant`` then has nothing of them left to fold.
 - A candidate library that allocates a large intermediate buffer (e.g. a packed-weight
   kernel that re-lays its weights out itself, as the checked function did before
   ``prepack.split``) leaves that
-  memory behind when the library is unloaded: ~9 MB per BERT-base FFN candidate, so a
-  runner process grew by ~1 GB a minute and a 30-minute BERT tune ran the machine out of
+  memory behind when the library is unloaded (megabytes per transformer FFN candidate), so a
+  runner process grew without bound and a long BERT tune ran the machine out of
   memory (every build then timed out). The same library loaded once and called again does
   not grow. The gateway recycles its runner process when it has grown past a limit
   (``memory.runner_memory_limit_mb``).
@@ -94,7 +94,7 @@ def register_default_pool_rules() -> None:
 def load_tensor_intrinsics(target: str | Any) -> None:
     """Register the tensor intrinsics ``target`` can use, cheaply for CPUs.
 
-    ``target``: a Target (its CPU family only: x86 0.6 s, ARM 4.6 s here) or a kind
+    ``target``: a Target (its CPU family's only) or a kind
     name (``"llvm"``: every CPU family, for traces of unknown origin).
     """
     kind = target if isinstance(target, str) else target.kind.name

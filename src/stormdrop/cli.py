@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--in-model-candidates", type=_positive(int, 1), default=1, metavar="K",
                    help="model: each task deploys whichever of its K best records runs fastest inside the compiled "
                         "model, each kernel timed in place (K model compiles after tuning; 1: the best as tuned). "
-                        "Default 1 (off): +3%% on mobilenet_v2, nothing on held-out inception_v3, and its compiles come out of "
+                        "Default 1 (off): measured to gain little (RESULTS.md), and its compiles come out of "
                         "--time-budget")
     t.add_argument("--untuned", action="store_true",
                    help="model: compile and time the untuned build too (naive loops on CPUs: minutes for BERT-base; "

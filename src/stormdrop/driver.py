@@ -44,7 +44,7 @@ def finishing_s(sessions: Sequence[TaskSession], step_s: float, builds_after: in
     """Wall seconds a run still needs once its search stops: ``step_s``, a step that may be under
     way when the deadline comes (``next_step_s``), every task's best built and measured once more
     in one batch (``verify_bests``), and ``builds_after`` kernels compiled into the model, as
-    measured by the gateway so far. Without it a 1800-s BERT-base tune took 2098 s."""
+    measured by the gateway so far (without it a BERT-base tune ran past its budget by a sixth)."""
     gateway = getattr(sessions[0], "gateway", None) if sessions else None
     if gateway is None:
         return step_s
@@ -54,8 +54,8 @@ def finishing_s(sessions: Sequence[TaskSession], step_s: float, builds_after: in
 def next_step_s(steps: Sequence[float], extension_steps: Sequence[float], extending: bool) -> float:
     """How long the next step may take: the longest of the last 8; an extension's first step (a
     storm round: evolution on the cost model, then its batch) the longest extension step so far,
-    or before any the longest step but the warm-up (resnet50's first extension took 10.1 s after
-    raindrop steps of 1-4 s, and the run ended 4.9 s past its 118-s budget)."""
+    or before any the longest step but the warm-up (an extension's first step can take several
+    times a raindrop step: taken as one, a run ended past its budget)."""
     if not extending:
         return max(steps[-8:], default=0.0)
     return max(extension_steps or steps[1:], default=0.0)
@@ -65,9 +65,9 @@ def first_round_limit(waiting: int, first_rounds: Sequence[tuple[float, int]], t
     """Candidates each of the ``waiting`` tasks not yet reached may measure in its first round so
     that all of them fit in ``time_left`` (the deadline less the finishing), scaled from the first
     rounds so far ((seconds, candidates) each) but the very first, which pays the gateway's warm-up
-    (resnet18: 14.3 s for 4 transfers, the next first rounds 0.1-2.5 s); None while full rounds fit.
-    At least one: a task never reached runs as a naive loop nest. (Without it a 29-task resnet152
-    given 118 s for transfers + raindrop spent 5 s past its deadline on first rounds of four transfers.)"""
+    (an order of magnitude slower than the next ones); None while full rounds fit. At least one: a
+    task never reached runs as a naive loop nest. (Without the limit, a many-task model given a
+    short budget for transfers and raindrop ran past its deadline on first rounds.)"""
     rounds = first_rounds[1:]
     if not waiting or not rounds:
         return None

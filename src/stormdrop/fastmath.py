@@ -1,8 +1,8 @@
 """Vectorizable transcendental functions for CPU models (fast-math legalization).
 
 TVM lowers ``erf``/``exp``/``tanh``/``log``/``pow`` (and ``sigmoid``, through ``exp``) to one
-scalar libm call per element on LLVM CPU targets: a kernel with an erf-GELU epilogue (BERT's
-FFN matmul) ran at a fifth of the plain matmul's speed. These legalizations replace every
+scalar libm call per element on LLVM CPU targets: a kernel with an erf-GELU epilogue (a
+transformer's FFN matmul) ran several times slower than the plain matmul. These legalizations replace every
 Relax operator whose default legalization computes one of them, before the default ones,
 by polynomial approximations, which vectorize:
 

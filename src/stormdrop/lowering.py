@@ -31,8 +31,8 @@ class Lowering:
     ``auto`` (where ``winograd.choose_tile`` expects a gain), ``off``, ``2`` or ``4`` (all).
     ``combine_matmuls``: matmuls of one input by constant weights (a transformer's Q, K and
     V projections) merged into one GEMM and a split. Off by default: not yet measured to
-    pay (in BERT-base at seq 128 the three 768-wide projections already ran at the
-    2304-wide FFN GEMMs' speed after 1200 s; the split is one more kernel).
+    pay (tuned, BERT-base's three projections already ran at its wide GEMMs' speed, and the
+    split is one more kernel).
     ``tiled_reductions``: means and sums over outer axes (NHWC's global pooling) written so
     that the search tiles them (``reductions``), on CPUs.
     ``pad_attention``: attentions over a sequence that tiles badly (a ViT's 197 tokens)

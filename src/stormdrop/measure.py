@@ -71,7 +71,7 @@ class MeasureConfig:
     def for_models(self, target: Target) -> MeasureConfig:
         """This config for a model's tasks: caches flushed on a CPU unless said otherwise. Timed warm,
         a kernel finds its weights in cache and the search prefers schedules that lose inside the
-        model (mobilenet_v2, 900 s each: 4.35 ms tuned warm, 3.60 ms tuned cold; RESULTS.md)."""
+        model (RESULTS "Cache flush": A/Bs of whole models tuned warm and cold)."""
         on = target.kind.name != "cuda" if self.cache_flush is None else self.cache_flush
         return dataclasses.replace(self, cache_flush=on)
 
@@ -157,9 +157,10 @@ class Gateway:
     def candidate_s(self) -> tuple[float, float]:
         """Wall seconds to build, and to run, one candidate measured alone, from what this gateway
         measured so far ((0, 0) before anything): a build as its builder timed it (a batch's wall
-        time counted the builders' start-up: 5 s a small kernel), each builder's first build and the
-        first batch's runs only until others are measured (they pay the processes' warm-up: resnet18's
-        first 4 transfers took 14 s, and a 119-s budget then kept 280 s for verifying and compiling)."""
+        time counts the builders' start-up, many times a small kernel's build), each builder's first
+        build and the first batch's runs only until others are measured (they pay the processes'
+        warm-up: counted as a typical candidate, a short budget kept more for verifying and compiling
+        than it had)."""
         return self._mean("builder_s", "built"), self._mean("run_s", "measured")
 
     def _mean(self, seconds: str, count: str) -> float:
@@ -175,8 +176,7 @@ class Gateway:
     def compile_s(self, kernels: int) -> float:
         """Seconds to compile ``kernels`` kernels into a model: ``tvm.build``'s own time of a
         candidate, as the builders timed it (a builder's build also loads, checks and links
-        its candidate: twice the time a model's compile spends on it, resnet18 18.7 s against
-        8.3 s; the tuned model compiled in 9.2 s)."""
+        its candidate: about twice the time a model's compile spends on it)."""
         return kernels * self._mean("codegen_s", "built")
 
     def _build_all(self, mods: list[tvm.IRModule],

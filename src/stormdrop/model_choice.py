@@ -8,8 +8,8 @@ So after tuning, the model is compiled once per rank: the i-th time with every t
 candidate (0: the best record as tuned and verified, then the next-best records). Every
 kernel call is timed in place (``model_run.task_times``), the builds taking turns over
 ``rounds`` rounds in alternating order after a warm-up round that is not counted (a build's
-first timings run up to 40% slow: with the builds in a fixed order and no warm-up, the last
-rank won most tasks on mobilenet_v2), and each task keeps the candidate whose fastest round
+first timings run slow: with the builds in a fixed order and no warm-up, the last rank won
+most tasks), and each task keeps the candidate whose fastest round
 was fastest in place. The model so
 chosen is deployed only if it also runs faster as a whole than the rank-0 model, both timed in
 turns: noise in the per-kernel times can cost nothing but the compiles.

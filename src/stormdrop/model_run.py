@@ -285,7 +285,7 @@ def side_by_side(model: Model, ex: Any, inputs: dict[str, np.ndarray], target: T
     (ONNX Runtime runs here). The tuned outputs must match the reference (ONNX Runtime, else the
     untuned build) within 1e-3 of its scale: ``TuningError`` otherwise. ``untuned=False``: the
     untuned build is compiled and run only when it is the reference (no ONNX model): on a CPU it
-    runs naive loops (BERT-base: ~50 s a run, ~6 min with its compile). Returns the latencies
+    runs naive loops (minutes for BERT-base with its compile). Returns the latencies
     (``untuned``, ``tuned``, ``onnxruntime``, ``openvino``: None when not run) and the max |diff|."""
     from .errors import TuningError
 

@@ -201,8 +201,8 @@ def first_batch_size(trials: int | None, num_tasks: int, batch: int) -> int | No
     its raindrop (``storm_share``).
 
     A task left without any schedule runs as a naive loop nest, often slower than the
-    rest of the model together (resnet18 at 56x56 has 19 tasks: 256 trials in batches of
-    16 cannot reach them all), so every task is reached first.
+    rest of the model together (a model with more tasks than ``trials / batch`` would leave
+    some unreached), so every task is reached first.
     """
     if trials is None or num_tasks <= 0 or trials >= num_tasks * batch:
         return None

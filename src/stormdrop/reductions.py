@@ -5,7 +5,7 @@ over H and W of each channel) is a block whose loops are the kept axes first, th
 reduced ones: each output element sums a column read with the channel count as its stride,
 and MetaSchedule's rules give such a block no tiling (``NeedsMultiLevelTiling`` asks for a
 read that misses some of the block's variables: data reuse). The search could only
-parallelize and unroll it: a 112x112x128 mean ran at 1.8 GFLOPS (7 GB/s).
+parallelize and unroll it, far below the memory's bandwidth (RESULTS "Reductions").
 
 These legalizations write such a reduction as the sum of the input times a weight that
 depends on the first reduced axis only (``1 / count`` for a mean, 1 for a sum): the same

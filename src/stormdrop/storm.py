@@ -37,8 +37,8 @@ class StormConfig:
 
     batch_size: int = 16
     # 128 x 2 instead of MetaSchedule's 512 x 4: a trained model scores every member of every
-    # generation (feature extraction), 36 s per batch at 512 x 4 on a 3x3 conv here, 6 s at
-    # 128 x 2, for second batches of the same quality (standalone A/B, conv 128x28x28, 2 seeds).
+    # generation (feature extraction), about six times the work at 512 x 4 for second batches of
+    # the same quality (a standalone A/B on a 3x3 convolution, 2 seeds).
     population_size: int = 128
     genetic_num_iters: int = 2
     genetic_mutate_prob: float = 0.85
@@ -48,8 +48,8 @@ class StormConfig:
     cost_model: str = "xgb"
     # Start the XGBoost model from the shipped prior (prior.py) where it applies (x86), and
     # take the first batch as the prior's top picks among prior_pool x batch_size random
-    # samples of the design space (cheap to draw; only measuring costs). A/B with a script
-    # over 3 kernels x 2 seeds, 32+32 trials: 1.27x faster kernels (geomean), 23% less time.
+    # samples of the design space (cheap to draw; only measuring costs): faster kernels in less
+    # time in its A/B (README "Prior", RESULTS.md).
     prior: bool = True
     prior_pool: int = 8
     # Reuse (--reuse N): 1: the nearest N donors' best records, in donor order (transfer-tuning's
@@ -59,8 +59,8 @@ class StormConfig:
     # order within the runs' noise and took longer (README "Reuse", RESULTS.md).
     transfer_pool: int = 1
     # Which donors reuse tries first (reuse.donors): "class" (the nearest relation of the fused
-    # operators, then shapes) or "shape" (the nearest shapes, then the relation: no better on the
-    # same two pairs, 55% / 105% against 57% / 104%).
+    # operators, then shapes) or "shape" (the nearest shapes, then the relation: no better where
+    # it was measured, RESULTS.md).
     donor_order: str = "class"
     # Reuse also moves each donor's decisions into every sketch of the workload (reuse.in_sketches)
     # and measures each donor's transfers together, nearest donor first, up to the reuse budget
@@ -171,8 +171,8 @@ class Storm:
                                 database=self.database, cost_model=self.cost_model)
             if self._cold():
                 # While the cost model still answers with random numbers (its warm-up), evolving a
-                # population against it is wasted work (15.4 s of a 512 x 4 search on a 3x3 conv
-                # here, against 0.1 s): sample the design space at random instead, as the
+                # population against it is wasted work (two orders of magnitude more than
+                # sampling): sample the design space at random instead, as the
                 # evolution's own initial population does. A prior ranks a larger random pool.
                 # One thread: the same seed draws the same first batch (sampling 128 is cheap).
                 pool = cfg.batch_size * (max(1, cfg.prior_pool) if self._prior else 1)

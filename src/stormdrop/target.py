@@ -161,7 +161,7 @@ def device_type(target: Target) -> str:
 
 
 def describe(target: Target) -> str:
-    """A short human form, e.g. ``llvm znver3 x2``."""
+    """A short human form: ``KIND MCPU xCORES`` (``llvm <mcpu> x2``)."""
     attrs = target.attrs
     if target.kind.name == "llvm":
         return f"llvm {attrs.get('mcpu', '?')} x{attrs.get('num-cores', '?')}"

@@ -1,0 +1,29 @@
+"""The code's comments and docstrings state contracts: no machine, date, session or measured
+figure in ``src/`` (those live in ``benchmarks/RESULTS.md`` with their commands and JSON, and go
+stale in code). Bounds (``>= 100 ms``) are contracts and stay."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "stormdrop"
+MACHINES = re.compile(r"znver\d|rocketlake|skylake|cascadelake|sapphirerapids|EPYC|Xeon|Ryzen|Zen ?\d", re.I)
+DATES = re.compile(r"\b20\d\d-\d\d-\d\d\b|\b[Ss]ession \d+")
+FIGURES = re.compile(r"(?<![<>=] )\b\d+(\.\d+)? ?(ms|us|GFLOPS|GB/s)\b|\b\d+(\.\d+)?x (faster|slower)\b")
+
+
+def _lines():
+    for path in sorted(SRC.rglob("*.py")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            yield f"{path.relative_to(SRC)}:{n}", line
+
+
+def test_no_machine_date_or_session_in_the_source() -> None:
+    bad = [f"{where}: {line.strip()}" for where, line in _lines() if MACHINES.search(line) or DATES.search(line)]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_measured_figure_in_the_source() -> None:
+    bad = [f"{where}: {line.strip()}" for where, line in _lines() if FIGURES.search(line)]
+    assert not bad, "\n".join(bad)
