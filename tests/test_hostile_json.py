@@ -210,3 +210,31 @@ def test_reuse_skips_a_donor_trace_that_would_crash_tvm(mod, traces) -> None:
     assert reuse.transfer(mod, traces[0], mod, ctx.space_generator.postprocs) is not None
     assert reuse.transfer(mod, json.dumps(good), mod, ctx.space_generator.postprocs) is None
     assert reuse.in_sketches(mod, json.dumps(good), mod, spaces, ctx.space_generator.postprocs) == []
+
+
+GOOD_TRACE = [[["GetSBlock", [], ["C", "main"], ["b0"]], ["GetLoops", ["b0"], [], ["l1", "l2", "l3"]],
+               ["SamplePerfectTile", ["l1"], [2, 16], ["v4", "v5"]], ["Split", ["l1", "v4", None], [True, False], ["l6", "l7"]],
+               ["Unannotate", ["b0"], ["meta_schedule.parallel"], []],
+               ["TransformLayout", ["b0", "index_map"], [0, 1, None, 0], []]], [[2, [4, 16]]]]
+
+
+@pytest.mark.parametrize("where, value", [
+    ((0, 0, 2, 1), None),       # GetSBlock's function name: SIGSEGV in TVM's replay
+    ((0, 3, 2, 0), None),       # Split's flag: SIGSEGV
+    ((0, 4, 1, 0), None),       # Unannotate's block: SIGSEGV
+    ((1, 0, 1), [4, 0]),        # a tile size of 0: SIGFPE
+    ((1, 0, 1), None),          # a null decision: SIGSEGV
+    ((1, 0, 1), [4, "16"]),     # not integers
+    ((0, 2, 2), [[[[[[[[[[[[[[[[[[2]]]]]]]]]]]]]]]]]]),  # nested past any trace's values
+])
+def test_a_trace_tvm_would_crash_on_is_refused(where, value) -> None:
+    """What TVM's replay crashes on instead of raising (found by test_fuzz's trace test) is refused
+    first; the nulls TVM takes (Split's inferred factor, TransformLayout's pad value) pass."""
+    trace = json.loads(json.dumps(GOOD_TRACE))
+    _tvm_json.check_trace_json(trace)
+    node = trace
+    for k in where[:-1]:
+        node = node[k]
+    node[where[-1]] = value
+    with pytest.raises(ValueError):
+        _tvm_json.check_trace_json(trace)

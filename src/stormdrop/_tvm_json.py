@@ -13,9 +13,10 @@ the process on some input instead of raising:
   block name, SamplePerfectTile's n, Split's flags, any decision) reaches a non-optional argument
   of the primitive unchecked and crashes the process (segmentation fault); a value of another
   type raises a ``TypeError``. A tile size of 0 in a SamplePerfectTile decision divides by zero
-  (SIGFPE). ``check_trace_json`` allows ``null`` only where TVM's primitive takes an optional
-  (``_NULLABLE_ATTRS``) and in inputs (Split's inferred factor), and decisions of integers only,
-  tile sizes >= 1.
+  (SIGFPE). A null input where the primitive takes any object (Annotate's and Unannotate's block
+  or loop) crashes too. ``check_trace_json`` allows ``null`` only where TVM's primitive takes an
+  optional (``_NULLABLE_ATTRS``; Split's and LoopPartition's factors: one may be inferred), and
+  decisions of integers only, tile sizes >= 1.
 - ``tvm.ir.load_json`` decodes an object graph recursively: a graph whose node refers to itself
   or to a later node, or a chain of a few thousand nodes, overflows the stack (segmentation
   fault); so does deeply nested JSON text. A module from a file or a database row goes through
@@ -59,6 +60,7 @@ _RV_NAME = re.compile(r"[a-z]\d+")  # how a trace's JSON names its random variab
 # (instruction kind, attribute index) whose primitive takes an optional there: TransformLayout's pad value
 _NULLABLE_ATTRS = frozenset({("TransformLayout", 2)})
 _TILE_SAMPLES = frozenset({"SamplePerfectTile", "SamplePartitionedTile"})  # a tile size of 0 divides by zero
+_NULLABLE_INPUTS = frozenset({"Split", "LoopPartition"})  # their factors after the loop (one may be inferred)
 
 
 MAX_TRACE_NESTING = 16  # a trace's values nest 2-3 lists deep (SampleCategorical's candidates)
@@ -96,6 +98,10 @@ def check_trace_json(obj: Any) -> None:
         for x in _leaves(inst[1]):
             if isinstance(x, str) and _RV_NAME.fullmatch(x) and x not in defined:
                 raise ValueError(f"instruction {i} uses {x}, which no earlier instruction defines")
+        first_nullable = 1 if inst[0] in _NULLABLE_INPUTS else len(inst[1])
+        if any(None in _leaves(x) for x in inst[1][:first_nullable]) or any(
+                isinstance(x, list) and None in _leaves(x) for x in inst[1][first_nullable:]):
+            raise ValueError(f"instruction {i} ({inst[0]}) has a null input")
         if not all(isinstance(o, str) and _RV_NAME.fullmatch(o) for o in inst[3]):
             raise ValueError(f"instruction {i} has outputs that are not random-variable names")
         for k, attr in enumerate(inst[2]):
