@@ -40,8 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         tally = json.load(open(tally_path)) if os.path.exists(tally_path) else {}
     summary = (r.stdout.strip().splitlines() or ["(no output)"])[-1]
     crashed = r.returncode < 0
+    failures = [ln for ln in r.stdout.splitlines() if ln.startswith("E  ")][:12]  # pytest's assertion lines
     doc = {"command": " ".join(sys.argv), "examples": args.examples, "pytest_exit": r.returncode,
-           "pytest_summary": summary, "crashed_by_signal": crashed, "wall_s": wall, "tally": tally}
+           "pytest_summary": summary, "crashed_by_signal": crashed, "wall_s": wall, "tally": tally,
+           "failure": [ln[:4000] for ln in failures]}
     print(json.dumps(doc, indent=1))
     if args.json:
         with open(args.json, "w") as f:
