@@ -245,25 +245,41 @@ def test_two_tuners_on_one_database_never_measure_a_candidate_twice(tmp_path):
         assert con.execute("SELECT COUNT(*) FROM claims").fetchone() == (0,)  # every claim released
 
 
-def test_verification_falls_back_re_measures_and_is_never_claimed_unchecked(tmp_path, traces):
-    """The best record fails its check: the next one is used, with its re-measured latency, and the
-    result says how many better records failed; the failed record is stored as failed (a timeout is
-    not). Outputs not checked: never "verified"."""
+def _ok(secs: float):
+    from stormdrop.records import MeasureResult
+
+    return MeasureResult(run_secs=(secs, secs))
+
+
+def _three_records(db, traces, secs: list[float]):
+    """A 128 matmul's workload in ``db`` with three of ``traces`` stored at ``secs``: (module, kernel)."""
     from dbutil import TARGET, matmul_mod
 
-    from stormdrop.measure import MeasureConfig
-    from stormdrop.records import MeasureResult
     from stormdrop.space import Candidate
     from stormdrop.tune import TaskSession
-    from stormdrop.verify import verify_bests
     from stormdrop.workloads import Kernel
 
     mod = matmul_mod()
     kernel = Kernel("matmul_128", "matmul_128", "matmul", mod, 2 * 128**3)
     cands = [Candidate.from_schedule(_tvm_json.schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:3]]
-    ok = lambda s: MeasureResult(run_secs=(s, s))  # noqa: E731
+    TaskSession(db, _ScriptedGateway([_ok(s) for s in secs]), kernel, TARGET, 0).evaluate(cands)
+    return mod, kernel
+
+
+def test_verification_falls_back_re_measures_and_is_never_claimed_unchecked(tmp_path, traces):
+    """The best record fails its check: the next one is used, with its re-measured latency, and the
+    result says how many better records failed; the failed record is stored as failed (a timeout is
+    not). Outputs not checked: never "verified"."""
+    from dbutil import TARGET
+
+    from stormdrop.measure import MeasureConfig
+    from stormdrop.records import MeasureResult
+    from stormdrop.tune import TaskSession
+    from stormdrop.verify import verify_bests
+
+    ok = _ok
     with Database(tmp_path / "v.db") as db:
-        TaskSession(db, _ScriptedGateway([ok(1e-3), ok(2e-3), ok(3e-3)]), kernel, TARGET, 0).evaluate(cands)
+        mod, kernel = _three_records(db, traces, [1e-3, 2e-3, 3e-3])
         check = _ScriptedGateway([MeasureResult.failure(ErrorKind.WRONG_RESULT, "differs"), ok(2.5e-3)])
         session = TaskSession(db, check, kernel, TARGET, 0)
         verify_bests([session])
@@ -292,20 +308,14 @@ def test_a_stored_time_is_not_trusted_over_its_re_measurement(tmp_path, traces):
     """A best record that checks out but re-measures more than twice its stored time (an imported
     or edited row) gets the re-measured time stored and the next record is tried: the faster of
     the two re-measured wins, and the next run starts from the honest order."""
-    from dbutil import TARGET, matmul_mod
+    from dbutil import TARGET
 
-    from stormdrop.records import MeasureResult
-    from stormdrop.space import Candidate
     from stormdrop.tune import TaskSession
     from stormdrop.verify import verify_bests
-    from stormdrop.workloads import Kernel
 
-    mod = matmul_mod()
-    kernel = Kernel("matmul_128", "matmul_128", "matmul", mod, 2 * 128**3)
-    cands = [Candidate.from_schedule(_tvm_json.schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:3]]
-    ok = lambda s: MeasureResult(run_secs=(s, s))  # noqa: E731
+    ok = _ok
     with Database(tmp_path / "v.db") as db:
-        TaskSession(db, _ScriptedGateway([ok(1e-4), ok(2e-3), ok(3e-3)]), kernel, TARGET, 0).evaluate(cands)
+        mod, kernel = _three_records(db, traces, [1e-4, 2e-3, 3e-3])
         records = db.records(db.find_workload(mod).workload_id)
         session = TaskSession(db, _ScriptedGateway([ok(5e-3), ok(2.1e-3)]), kernel, TARGET, 0)
         verify_bests([session])  # record 0: 50x its stored time; record 1 as stored
