@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -41,6 +42,14 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _rows_so_far(db: Path) -> list:
+    """The records a running tune has committed; none while its database or schema is not there yet."""
+    try:
+        return stored_rows(db) if db.exists() else []
+    except (sqlite3.Error, IndexError):
+        return []
+
+
 def _start(tmp_path: Path, cwd: Path | None = None) -> tuple[subprocess.Popen, list[int]]:
     """A long kernel tune, once its workers have measured something."""
     db = tmp_path / "t.db"
@@ -50,7 +59,7 @@ def _start(tmp_path: Path, cwd: Path | None = None) -> tuple[subprocess.Popen, l
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()[1][-600:]
-        if db.exists() and len(stored_rows(db)) >= 2 and len(_workers(proc.pid)) >= 2:
+        if len(_rows_so_far(db)) >= 2 and len(_workers(proc.pid)) >= 2:
             return proc, _workers(proc.pid)
         time.sleep(0.5)
     proc.kill()

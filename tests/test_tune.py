@@ -305,9 +305,10 @@ def test_verification_falls_back_re_measures_and_is_never_claimed_unchecked(tmp_
 
 
 def test_a_stored_time_is_not_trusted_over_its_re_measurement(tmp_path, traces):
-    """A best record that checks out but re-measures more than twice its stored time (an imported
-    or edited row) gets the re-measured time stored and the next record is tried: the faster of
-    the two re-measured wins, and the next run starts from the honest order."""
+    """An imported best record that checks out but re-measures more than twice its stored time (a
+    fake-fast row) gets the re-measured time stored and the next record is tried: the faster of
+    the two re-measured wins, and the next run starts from the honest order. stormdrop's own
+    records keep their stored times."""
     from dbutil import TARGET
 
     from stormdrop.tune import TaskSession
@@ -316,7 +317,14 @@ def test_a_stored_time_is_not_trusted_over_its_re_measurement(tmp_path, traces):
     ok = _ok
     with Database(tmp_path / "v.db") as db:
         mod, kernel = _three_records(db, traces, [1e-4, 2e-3, 3e-3])
+        own = TaskSession(db, _ScriptedGateway([ok(5e-3), ok(2.1e-3)]), kernel, TARGET, 0)
+        verify_bests([own])  # its own record 0 at 50x: kept as stored, used
+        assert own.result.latency_s == pytest.approx(5e-3) and own.result.fallbacks == 0
+        assert db.records(db.find_workload(mod).workload_id)[0].result.mean == pytest.approx(1e-4)
+        with db.transaction():
+            db._c().execute("UPDATE records SET versions='imported:metaschedule tvm=0.27'")
         records = db.records(db.find_workload(mod).workload_id)
+        assert all(r.imported for r in records)
         session = TaskSession(db, _ScriptedGateway([ok(5e-3), ok(2.1e-3)]), kernel, TARGET, 0)
         verify_bests([session])  # record 0: 50x its stored time; record 1 as stored
         assert session.result.verified and session.result.latency_s == pytest.approx(2.1e-3)

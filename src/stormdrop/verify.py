@@ -14,7 +14,7 @@ from .records import MeasureResult, Record
 from .tune import TaskSession, tool_versions
 
 log = logging.getLogger("stormdrop")
-UNTRUSTED = 2.0  # a best re-measured this many times slower than stored is not its stored time
+UNTRUSTED = 2.0  # an imported best re-measured this many times slower than stored is not its stored time
 
 
 def verify_bests(tasks: Sequence[TaskSession], k: int = 8) -> None:
@@ -27,10 +27,11 @@ def verify_bests(tasks: Sequence[TaskSession], k: int = 8) -> None:
     task; round r measures the r-th try of every task not yet verified, tasks sharing a gateway in
     one batch.
 
-    A stored time is not trusted over its re-measurement: a record that checks out but runs more
-    than ``UNTRUSTED`` times slower than stored (an imported or edited row, a machine that changed)
-    gets the re-measured time stored, and the next record is tried; the faster of the two
-    re-measured wins."""
+    An imported time is not trusted over its re-measurement: a record imported from another tuner
+    that checks out but runs more than ``UNTRUSTED`` times slower than stored (a fake-fast row,
+    another machine) gets the re-measured time stored, and the next record is tried; the faster of
+    the two re-measured wins. stormdrop's own records keep their times (a small kernel's re-timing
+    can vary that much; a run's records stay as they were committed)."""
     records = [t.db.best(t.entry.workload_id, t.target_key, k=k) for t in tasks]
     rank = [0] * len(tasks)
     spare: dict[int, tuple[Record, MeasureResult, int]] = {}  # task -> a checked record slower than stored
@@ -49,7 +50,7 @@ def verify_bests(tasks: Sequence[TaskSession], k: int = 8) -> None:
             gateway = tasks[batch[0][0]].gateway
             checks = gateway.measure([tasks[i].entry.shash for i, _, _ in batch], [mod for _, _, mod in batch])
             for (i, rec, _), check in zip(batch, checks):
-                if check.ok and check.mean > UNTRUSTED * rec.result.mean:
+                if check.ok and rec.imported and check.mean > UNTRUSTED * rec.result.mean:
                     tasks[i].db.commit_remeasure(rec, check, time.time(), tool_versions())
                     log.warning("%s: best record %s ran %.1fx slower than stored; its re-measured time stored",
                                 tasks[i].kernel.name, rec.record_id, check.mean / rec.result.mean)
