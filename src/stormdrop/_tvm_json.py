@@ -29,6 +29,7 @@ import base64
 import binascii
 import json
 import re
+from collections.abc import Container
 from typing import Any
 
 import tvm
@@ -81,6 +82,15 @@ def _leaves(x: Any) -> list:
     return out
 
 
+def _null_at(values: list, optional: Container[int]) -> int | None:
+    """The index of the first of ``values`` that holds a null, but for a null standing alone at an
+    ``optional`` index; None when there is none."""
+    for k, x in enumerate(values):
+        if not (x is None and k in optional) and None in _leaves(x):
+            return k
+    return None
+
+
 def check_trace_json(obj: Any) -> None:
     """Raise ``ValueError`` unless ``obj`` is shaped like a trace's JSON ``[instructions,
     decisions]`` whose instructions use only random variables defined by earlier ones and whose
@@ -98,15 +108,14 @@ def check_trace_json(obj: Any) -> None:
         for x in _leaves(inst[1]):
             if isinstance(x, str) and _RV_NAME.fullmatch(x) and x not in defined:
                 raise ValueError(f"instruction {i} uses {x}, which no earlier instruction defines")
-        first_nullable = 1 if inst[0] in _NULLABLE_INPUTS else len(inst[1])
-        if any(None in _leaves(x) for x in inst[1][:first_nullable]) or any(
-                isinstance(x, list) and None in _leaves(x) for x in inst[1][first_nullable:]):
-            raise ValueError(f"instruction {i} ({inst[0]}) has a null input")
+        k = _null_at(inst[1], range(1, len(inst[1])) if inst[0] in _NULLABLE_INPUTS else ())
+        if k is not None:
+            raise ValueError(f"instruction {i} ({inst[0]}) has a null input {k}")
         if not all(isinstance(o, str) and _RV_NAME.fullmatch(o) for o in inst[3]):
             raise ValueError(f"instruction {i} has outputs that are not random-variable names")
-        for k, attr in enumerate(inst[2]):
-            if None in _leaves(attr) and (attr is not None or (inst[0], k) not in _NULLABLE_ATTRS):
-                raise ValueError(f"instruction {i} ({inst[0]}) has a null attribute {k}")
+        k = _null_at(inst[2], {at for kind, at in _NULLABLE_ATTRS if kind == inst[0]})
+        if k is not None:
+            raise ValueError(f"instruction {i} ({inst[0]}) has a null attribute {k}")
         defined.update(inst[3])
     for d in decisions:
         if not (isinstance(d, list) and len(d) == 2 and isinstance(d[0], int) and not isinstance(d[0], bool)
