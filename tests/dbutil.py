@@ -101,3 +101,24 @@ def one_record_exported(tmp_path: Path, mod, traces) -> tuple[Path, Path, list[s
         good = tmp_path / "good"
         export_metaschedule(db, str(good))
     return path, good, dump(path)
+
+
+class ScriptedGateway:
+    """A gateway that answers from a script of results (no build, no run)."""
+
+    def __init__(self, results):
+        self.results, self.calls, self.batches = list(results), 0, []
+
+    def prepare(self, key, mod, seed=0):
+        pass
+
+    def measure(self, key, mods, on_result=None):
+        self.batches.append(len(mods))
+        out = []
+        for i, _ in enumerate(mods):
+            self.calls += 1
+            r = self.results.pop(0)
+            out.append(r)
+            if on_result is not None:
+                on_result(i, r)
+        return out

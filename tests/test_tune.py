@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 import tvm
-from dbutil import SPEC
+from dbutil import SPEC, ScriptedGateway
 from dbutil import stored_rows as _rows
 from dbutil import stormdrop_cli as _stormdrop
 
@@ -165,27 +165,6 @@ def test_a_corrupt_database_is_refused_and_left_alone(tmp_path):
     assert db.read_bytes() == b"this is not sqlite" * 100
 
 
-class _ScriptedGateway:
-    """A gateway that answers from a script of results (no build, no run)."""
-
-    def __init__(self, results):
-        self.results, self.calls, self.batches = list(results), 0, []
-
-    def prepare(self, key, mod, seed=0):
-        pass
-
-    def measure(self, key, mods, on_result=None):
-        self.batches.append(len(mods))
-        out = []
-        for i, _ in enumerate(mods):
-            self.calls += 1
-            r = self.results.pop(0)
-            out.append(r)
-            if on_result is not None:
-                on_result(i, r)
-        return out
-
-
 def test_run_timeouts_and_crashes_are_retried_once_by_the_next_run(tmp_path, traces):
     """A retryable failure (run timeout, runner crash) is measured once more by the next run, before
     anything new; a second failure is final; build errors and wrong results are never retried."""
@@ -201,7 +180,7 @@ def test_run_timeouts_and_crashes_are_retried_once_by_the_next_run(tmp_path, tra
     cands = [Candidate.from_schedule(_tvm_json.schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:3]]
     fail = MeasureResult.failure
     with Database(tmp_path / "r.db") as db:
-        first = _ScriptedGateway([fail(ErrorKind.RUN_TIMEOUT, "no answer"), fail(ErrorKind.RUNNER_CRASH, "died"),
+        first = ScriptedGateway([fail(ErrorKind.RUN_TIMEOUT, "no answer"), fail(ErrorKind.RUNNER_CRASH, "died"),
                                   fail(ErrorKind.BUILD_ERROR, "boom")])
         TaskSession(db, first, kernel, TARGET, 0).evaluate(cands)
         wid = db.find_workload(mod).workload_id
@@ -209,7 +188,7 @@ def test_run_timeouts_and_crashes_are_retried_once_by_the_next_run(tmp_path, tra
         assert db.failures(wid, db.records(wid)[0].target) == (1, 2)
 
         # the next run: the two retryable ones are measured again (one now runs, one times out again)
-        again = _ScriptedGateway([MeasureResult(run_secs=(1e-3, 1e-3)), fail(ErrorKind.RUN_TIMEOUT, "no answer")])
+        again = ScriptedGateway([MeasureResult(run_secs=(1e-3, 1e-3)), fail(ErrorKind.RUN_TIMEOUT, "no answer")])
         session = TaskSession(db, again, kernel, TARGET, 0)
         assert TaskTuner(session, trials=0, exploit_trials=0, reuse=0)._retry()
         recs = db.records(wid)
@@ -220,7 +199,7 @@ def test_run_timeouts_and_crashes_are_retried_once_by_the_next_run(tmp_path, tra
         assert db.failures(wid, recs[0].target) == (2, 0)
 
         # and the run after that retries nothing
-        last = _ScriptedGateway([])
+        last = ScriptedGateway([])
         assert not TaskTuner(TaskSession(db, last, kernel, TARGET, 0), trials=0, exploit_trials=0, reuse=0)._retry()
         assert last.calls == 0
 
@@ -243,125 +222,6 @@ def test_two_tuners_on_one_database_never_measure_a_candidate_twice(tmp_path):
     assert all(d["verified"] for d in docs)
     with sqlite3.connect(db) as con:
         assert con.execute("SELECT COUNT(*) FROM claims").fetchone() == (0,)  # every claim released
-
-
-def _ok(secs: float):
-    from stormdrop.records import MeasureResult
-
-    return MeasureResult(run_secs=(secs, secs))
-
-
-def _three_records(db, traces, secs: list[float]):
-    """A 128 matmul's workload in ``db`` with three of ``traces`` stored at ``secs``: (module, kernel)."""
-    from dbutil import TARGET, matmul_mod
-
-    from stormdrop.space import Candidate
-    from stormdrop.tune import TaskSession
-    from stormdrop.workloads import Kernel
-
-    mod = matmul_mod()
-    kernel = Kernel("matmul_128", "matmul_128", "matmul", mod, 2 * 128**3)
-    cands = [Candidate.from_schedule(_tvm_json.schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:3]]
-    TaskSession(db, _ScriptedGateway([_ok(s) for s in secs]), kernel, TARGET, 0).evaluate(cands)
-    return mod, kernel
-
-
-def test_verification_falls_back_re_measures_and_is_never_claimed_unchecked(tmp_path, traces):
-    """The best record fails its check: the next one is used, with its re-measured latency, and the
-    result says how many better records failed; the failed record is stored as failed (a timeout is
-    not). Outputs not checked: never "verified"."""
-    from dbutil import TARGET
-
-    from stormdrop.measure import MeasureConfig
-    from stormdrop.records import MeasureResult
-    from stormdrop.tune import TaskSession
-    from stormdrop.verify import verify_bests
-
-    ok = _ok
-    with Database(tmp_path / "v.db") as db:
-        mod, kernel = _three_records(db, traces, [1e-3, 2e-3, 3e-3])
-        check = _ScriptedGateway([MeasureResult.failure(ErrorKind.WRONG_RESULT, "differs"), ok(2.5e-3)])
-        session = TaskSession(db, check, kernel, TARGET, 0)
-        verify_bests([session])
-        assert session.result.verified and session.result.fallbacks == 1
-        assert session.result.latency_s == pytest.approx(2.5e-3)  # re-measured, not the stored 2e-3
-        records = db.records(db.find_workload(mod).workload_id)
-        assert session.result.trace_json == records[1].trace_json
-        # the wrong one is stored as failed: never a best again, so the next run starts from record 2
-        assert records[0].result.error == ErrorKind.WRONG_RESULT and records[0].attempts == 2
-        assert [r.record_id for r in db.best(records[0].workload_id, records[0].target, k=3)] == [
-            records[1].record_id, records[2].record_id]
-        # a timeout may not happen again: the record is tried, passed over, and kept as it was
-        flaky = _ScriptedGateway([MeasureResult.failure(ErrorKind.RUN_TIMEOUT, "busy"), ok(3.1e-3)])
-        session = TaskSession(db, flaky, kernel, TARGET, 0)
-        verify_bests([session])
-        assert session.result.fallbacks == 1 and session.result.trace_json == records[2].trace_json
-        assert db.records(records[1].workload_id)[1].result.ok
-        unchecked = _ScriptedGateway([ok(1.1e-3)])
-        unchecked.config = MeasureConfig(check_correctness=False)
-        session = TaskSession(db, unchecked, kernel, TARGET, 0)
-        verify_bests([session])
-        assert not session.result.verified and session.result.latency_s == pytest.approx(1.1e-3)
-
-
-def test_a_stored_time_is_not_trusted_over_its_re_measurement(tmp_path, traces):
-    """An imported best record that checks out but re-measures more than twice its stored time (a
-    fake-fast row) gets the re-measured time stored and the next record is tried: the faster of
-    the two re-measured wins, and the next run starts from the honest order. stormdrop's own
-    records keep their stored times."""
-    from dbutil import TARGET
-
-    from stormdrop.tune import TaskSession
-    from stormdrop.verify import verify_bests
-
-    ok = _ok
-    with Database(tmp_path / "v.db") as db:
-        mod, kernel = _three_records(db, traces, [1e-4, 2e-3, 3e-3])
-        own = TaskSession(db, _ScriptedGateway([ok(5e-3), ok(2.1e-3)]), kernel, TARGET, 0)
-        verify_bests([own])  # its own record 0 at 50x: kept as stored, used
-        assert own.result.latency_s == pytest.approx(5e-3) and own.result.fallbacks == 0
-        assert db.records(db.find_workload(mod).workload_id)[0].result.mean == pytest.approx(1e-4)
-        with db.transaction():
-            db._c().execute("UPDATE records SET versions='imported:metaschedule tvm=0.27'")
-        records = db.records(db.find_workload(mod).workload_id)
-        assert all(r.imported for r in records)
-        session = TaskSession(db, _ScriptedGateway([ok(5e-3), ok(2.1e-3)]), kernel, TARGET, 0)
-        verify_bests([session])  # record 0: 50x its stored time; record 1 as stored
-        assert session.result.verified and session.result.latency_s == pytest.approx(2.1e-3)
-        assert session.result.trace_json == records[1].trace_json
-        assert db.records(records[0].workload_id)[0].result.mean == pytest.approx(5e-3)
-        assert [r.record_id for r in db.best(records[0].workload_id, records[0].target, k=3)] == [
-            records[1].record_id, records[2].record_id, records[0].record_id]
-        session = TaskSession(db, _ScriptedGateway([ok(4.5e-3), ok(5e-3)]), kernel, TARGET, 0)
-        verify_bests([session])  # record 1: 2.25x its stored 2e-3; record 2 within 2x but slower still
-        assert session.result.latency_s == pytest.approx(4.5e-3) and session.result.trace_json == records[1].trace_json
-        assert session.result.fallbacks == 0
-
-
-def test_the_tasks_of_a_gateway_are_verified_together_each_falling_back_alone(tmp_path, traces):
-    """One batch a round: both tasks' bests are built side by side; the task whose best fails
-    (a wrong result) tries its next record in a second round, the other is done."""
-    from dbutil import TARGET, matmul_mod
-
-    from stormdrop.records import MeasureResult
-    from stormdrop.space import Candidate
-    from stormdrop.tune import TaskSession
-    from stormdrop.verify import verify_bests
-    from stormdrop.workloads import Kernel
-
-    mod = matmul_mod()
-    kernel = Kernel("matmul_128", "matmul_128", "matmul", mod, 2 * 128**3)
-    cands = [Candidate.from_schedule(_tvm_json.schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:2]]
-    ok = lambda s: MeasureResult(run_secs=(s, s))  # noqa: E731
-    with Database(tmp_path / "a.db") as a, Database(tmp_path / "b.db") as b:
-        for db in (a, b):
-            TaskSession(db, _ScriptedGateway([ok(1e-3), ok(2e-3)]), kernel, TARGET, 0).evaluate(cands)
-        check = _ScriptedGateway([MeasureResult.failure(ErrorKind.WRONG_RESULT, "differs"), ok(1.5e-3), ok(2.5e-3)])
-        tasks = [TaskSession(db, check, kernel, TARGET, 0) for db in (a, b)]
-        verify_bests(tasks)
-        assert check.batches == [2, 1]
-        assert [t.result.fallbacks for t in tasks] == [1, 0] and all(t.result.verified for t in tasks)
-        assert [t.result.latency_s for t in tasks] == [pytest.approx(2.5e-3), pytest.approx(1.5e-3)]
 
 
 def test_one_sample_per_candidate_is_refused_whenever_a_raindrop_would_run(tmp_path):
@@ -397,7 +257,7 @@ def test_the_ledger_charges_neither_imported_records_nor_stored_results(tmp_path
         db.commit_record(Record(wid, canonical(TARGET), cands[0].key, cands[0].trace_json, "[]",
                                 MeasureResult(run_secs=(2e-3, 2e-3)), Phase.STORM, 1.0,
                                 "imported:metaschedule tvm=x"))
-        gateway = _ScriptedGateway([MeasureResult(run_secs=(1e-3, 1e-3))] * 2)
+        gateway = ScriptedGateway([MeasureResult(run_secs=(1e-3, 1e-3))] * 2)
         session = TaskSession(db, gateway, kernel, TARGET, 0)
         assert session.spent() == 0  # imported: measured by another tuner
         results = session.evaluate(cands)
