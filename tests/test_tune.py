@@ -45,7 +45,8 @@ def test_tiny_kernel_end_to_end_is_verified_and_resumes(tmp_path):
         best = d.best(entry.workload_id, result.target)[0]
     # The reported latency is the best record measured again (a stored best is its luckiest sample).
     assert task.trace_json == best.trace_json and task.fallbacks == 0
-    assert task.latency_s == pytest.approx(best.mean, rel=0.5)
+    # (a ~2-us kernel: its re-measure in a loaded full-suite run came 1.7x its stored best once)
+    assert task.latency_s == pytest.approx(best.mean, rel=1.0)
     # The best trace, replayed from the database, computes the right answer.
     kernel = parse_kernel(SPEC)
     sch = _tvm_json.schedule_from_trace_json(kernel.mod, task.trace_json)
