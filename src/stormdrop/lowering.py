@@ -13,7 +13,7 @@ import tvm
 from tvm import relax
 from tvm.target import Target
 
-from . import _tvm, attention, fastmath, reductions
+from . import _tvm, attention, fastmath, padded_rows, reductions
 from .errors import SpecError
 from .layout import LAYOUTS, convert_layout
 from .layout import legalizations as layout_legalizations
@@ -37,6 +37,8 @@ class Lowering:
     that the search tiles them (``reductions``), on CPUs.
     ``pad_attention``: attentions over a sequence that tiles badly (a ViT's 197 tokens)
     computed at a padded length, masked (``attention.pad_sequences``), on CPUs.
+    ``pad_rows``: matrix products whose row count tiles badly (a ViT's 197 tokens) computed
+    over a few more rows and cropped (``padded_rows``), on CPUs.
     """
 
     layout: str = "auto"
@@ -45,6 +47,7 @@ class Lowering:
     combine_matmuls: bool = False
     tiled_reductions: bool = True
     pad_attention: bool = True
+    pad_rows: bool = True
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -84,6 +87,8 @@ class Lowering:
                 rules.update(fastmath.legalizations())
             if self.tiled_reductions and cpu:
                 rules.update(reductions.legalizations())
+            if self.pad_rows and cpu:
+                rules.update(padded_rows.legalizations())
             if self.winograd != "off" and cpu:
                 rules["relax.nn.conv2d"] = winograd_legalization(self.winograd, rules["relax.nn.conv2d"])
             mod = relax.transform.LegalizeOps(rules)(mod)

@@ -1,0 +1,89 @@
+"""Matrix products whose row count tiles badly, computed over a few more rows.
+
+A transformer's linear layers multiply every token's features by a weight,
+``x (..., M, K) @ w (K, N)``, and the search tiles the rows M into register tiles by divisors
+of M (MetaSchedule samples perfect tiles). A vision transformer's 197 tokens is prime: every
+row is its own register tile, each loaded weight vector feeds one row's FMA, and the kernel
+is bound by loads instead of FMAs.
+
+This legalization computes such a product over ``padded(M)`` rows, the rows past M reading
+row ``M - 1`` again (a clamped index: no padded copy of ``x``, no branch in the inner loop),
+and crops the result back to M rows. The crop is elementwise and fuses with the product's
+epilogue (bias, residual, activation), so a kernel's inputs and output keep their shapes and
+only its intermediate grows. Applied on CPUs to float32 products of an activation by a 2-D
+matrix whose row count has no divisor in ``TILES``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tvm
+from tvm import relax, te
+
+TILES = range(4, 17)  # row counts of a register tile: at 4 to 16 rows a weight vector feeds enough FMAs
+MIN_ROWS = 32  # fewer rows: a few percent more rows is a large share of the work
+
+
+def _tiles_well(rows: int) -> bool:
+    return any(rows % t == 0 for t in TILES)
+
+
+def padded(rows: int) -> int:
+    """The row count a product of ``rows`` rows is computed at: the least count at or above it
+    with a divisor in ``TILES`` (``rows`` itself when it has one, or below ``MIN_ROWS``)."""
+    if rows < MIN_ROWS:
+        return rows
+    out = rows
+    while not _tiles_well(out):
+        out += 1
+    return out
+
+
+def matmul_rows(x: te.Tensor, w: te.Tensor, rows: int) -> te.Tensor:
+    """``x @ w`` (``x``: ``(..., M, K)``, ``w``: ``(K, N)``) over ``rows >= M`` rows, the extra
+    rows a copy of row ``M - 1``."""
+    *batch, m, k_extent = x.shape
+    last = m - 1
+    k = te.reduce_axis((0, k_extent), "k")
+    return te.compute((*batch, rows, w.shape[1]),
+                      lambda *ix: te.sum(x[(*ix[:-2], te.min(ix[-2], last), k)] * w[k, ix[-1]], axis=k),
+                      name="T_matmul")
+
+
+def crop_rows(y: te.Tensor, rows: int) -> te.Tensor:
+    """The first ``rows`` rows (axis ``-2``) of ``y``."""
+    return te.compute((*y.shape[:-2], rows, y.shape[-1]), lambda *ix: y[ix], name="T_rows")
+
+
+def _rows(call: relax.Call) -> tuple[int, int] | None:
+    """(rows, padded rows) where the rewrite applies, else ``None``."""
+    x, w = call.args
+    out_dtype = str(call.attrs.out_dtype) if call.attrs.out_dtype is not None else ""
+    if str(x.ty.dtype) != "float32" or str(w.ty.dtype) != "float32" or out_dtype not in ("", "void", "float32"):
+        return None
+    try:
+        xs, ws = [int(d) for d in x.ty.shape], [int(d) for d in w.ty.shape]
+    except (TypeError, AttributeError):  # symbolic or unknown shapes
+        return None
+    if len(xs) < 2 or len(ws) != 2 or xs[-1] != ws[0]:
+        return None
+    rows = xs[-2]
+    return None if padded(rows) == rows else (rows, padded(rows))
+
+
+def _legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    found = _rows(call)
+    if found is None:
+        return _DEFAULT(bb, call)
+    rows, padded_rows = found
+    product = bb.emit_te(matmul_rows, call.args[0], call.args[1], padded_rows, primfunc_name_hint="matmul")
+    return bb.call_te(crop_rows, product, rows, primfunc_name_hint="rows")
+
+
+_DEFAULT = tvm.ir.Op.get("relax.matmul").get_attr("FLegalize")
+
+
+def legalizations() -> dict[str, Any]:
+    """``LegalizeOps`` overrides: ``relax.matmul`` (TVM's own where the rewrite does not apply)."""
+    return {"relax.matmul": _legalize}
