@@ -95,6 +95,11 @@ def _resnext50():
     return _torchvision().models.resnext50_32x4d(), _image(224)
 
 
+@network("vit_b_16", "full")
+def _vit_b_16():  # 197 tokens, as timm's ViT-S/16, at 768 features
+    return _torchvision().models.vit_b_16(), _image(224)
+
+
 @network("vit_small", "full")
 def _vit_small():
     import timm

@@ -21,11 +21,12 @@ TARGET = parse_target(None)
 FEATURES, HIDDEN = 32, 48
 
 
-def _mlp_model(tokens: int):
+def _mlp_model(tokens: int, seq_first: bool = False):
     """A transformer's MLP block over ``tokens`` rows: linear, GELU, linear, residual add; and a
-    product of two activations (``x @ x^T``, not rewritten) beside it."""
+    product of two activations (``x @ x^T``, not rewritten) beside it. ``seq_first``: the
+    tokens on the first axis, the batch second (``torch.nn.MultiheadAttention``'s default)."""
     g = GraphBuilder(f"mlp{tokens}", 0)
-    x = g.input("x", (1, tokens, FEATURES))
+    x = g.input("x", (tokens, 1, FEATURES) if seq_first else (1, tokens, FEATURES))
     h = g.linear(g.gelu(g.linear(x, HIDDEN)), FEATURES)
     g.output(g.add(x, h))
     g.output(g.matmul(x, g.transpose(x, (0, 2, 1))), "gram")
@@ -38,9 +39,10 @@ def _product_rows(fused: tvm.IRModule) -> list[int]:
     rows = []
     for gv, func in fused.functions.items():
         if isinstance(func, tvm.tirx.PrimFunc) and "matmul" in gv.name_hint:
-            for shape in re.findall(r"\(T\.int64\(1\), T\.int64\((\d+)\), T\.int64\((\d+)\)\)", func.script()):
-                if int(shape[1]) in (FEATURES, HIDDEN):
-                    rows.append(int(shape[0]))
+            for a, b, c in re.findall(r"\(T\.int64\((\d+)\), T\.int64\((\d+)\), T\.int64\((\d+)\)\)",
+                                      func.script()):
+                if int(c) in (FEATURES, HIDDEN):
+                    rows.append(int(a) * int(b))  # one of the two is the batch of 1
     return rows
 
 
@@ -50,9 +52,9 @@ def test_padded_row_counts():
     assert all(padded_rows.padded(n) >= n for n in range(1, 400))
 
 
-@pytest.mark.parametrize("tokens", [67, 70])
-def test_a_product_is_computed_over_padded_rows_only_where_they_tile_badly_and_matches_onnxruntime(tokens):
-    model = _mlp_model(tokens)
+@pytest.mark.parametrize("tokens,seq_first", [(67, False), (70, False), (67, True)])
+def test_a_product_is_computed_over_padded_rows_only_where_they_tile_badly_and_matches_onnxruntime(tokens, seq_first):
+    model = _mlp_model(tokens, seq_first)
     inputs = random_inputs(model, 0)
     ref, _ = run_onnxruntime(model.onnx_model, inputs, 2)
     expect = padded_rows.padded(tokens)
@@ -62,7 +64,8 @@ def test_a_product_is_computed_over_padded_rows_only_where_they_tile_badly_and_m
         assert set(rows) == ({tokens, expect} if pad else {tokens}), (pad, rows)
         ex = tvm.compile(apply_records(fused, ms.database.MemoryDatabase(), TARGET), target=TARGET)
         outs, _ = run_model(ex, inputs, TARGET, time_it=False)
-        assert [o.shape for o in outs] == [(1, tokens, FEATURES), (1, tokens, tokens)]
+        assert [o.shape for o in outs] == ([(tokens, 1, FEATURES), (tokens, 1, 1)] if seq_first
+                                           else [(1, tokens, FEATURES), (1, tokens, tokens)])
         err, scale = max_abs_diff(outs, ref)
         assert err <= 1e-5 * scale, (pad, err, scale)
 

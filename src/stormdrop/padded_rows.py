@@ -11,7 +11,8 @@ row ``M - 1`` again (a clamped index: no padded copy of ``x``, no branch in the 
 and crops the result back to M rows. The crop is elementwise and fuses with the product's
 epilogue (bias, residual, activation), so a kernel's inputs and output keep their shapes and
 only its intermediate grows. Applied on CPUs to float32 products of an activation by a 2-D
-matrix whose row count has no divisor in ``TILES``.
+matrix whose row count has no divisor in ``TILES`` (the rows: the last axis before the
+features with an extent over one).
 """
 
 from __future__ import annotations
@@ -40,24 +41,33 @@ def padded(rows: int) -> int:
     return out
 
 
-def matmul_rows(x: te.Tensor, w: te.Tensor, rows: int) -> te.Tensor:
-    """``x @ w`` (``x``: ``(..., M, K)``, ``w``: ``(K, N)``) over ``rows >= M`` rows, the extra
-    rows a copy of row ``M - 1``."""
-    *batch, m, k_extent = x.shape
-    last = m - 1
-    k = te.reduce_axis((0, k_extent), "k")
-    return te.compute((*batch, rows, w.shape[1]),
-                      lambda *ix: te.sum(x[(*ix[:-2], te.min(ix[-2], last), k)] * w[k, ix[-1]], axis=k),
-                      name="T_matmul")
+def matmul_rows(x: te.Tensor, w: te.Tensor, axis: int, rows: int) -> te.Tensor:
+    """``x @ w`` (``x``: ``(..., K)``, ``w``: ``(K, N)``) over ``rows`` rows on ``x``'s axis
+    ``axis`` (at least its extent), the extra rows a copy of its last one."""
+    last = x.shape[axis] - 1
+    k = te.reduce_axis((0, x.shape[-1]), "k")
+    shape = [*x.shape[:-1], w.shape[1]]
+    shape[axis] = rows
+
+    def product(*ix):
+        at = list(ix[:-1])
+        at[axis] = te.min(at[axis], last)
+        return te.sum(x[(*at, k)] * w[k, ix[-1]], axis=k)
+
+    return te.compute(shape, product, name="T_matmul")
 
 
-def crop_rows(y: te.Tensor, rows: int) -> te.Tensor:
-    """The first ``rows`` rows (axis ``-2``) of ``y``."""
-    return te.compute((*y.shape[:-2], rows, y.shape[-1]), lambda *ix: y[ix], name="T_rows")
+def crop_rows(y: te.Tensor, axis: int, rows: int) -> te.Tensor:
+    """The first ``rows`` rows on axis ``axis`` of ``y``."""
+    shape = list(y.shape)
+    shape[axis] = rows
+    return te.compute(shape, lambda *ix: y[ix], name="T_rows")
 
 
-def _rows(call: relax.Call) -> tuple[int, int] | None:
-    """(rows, padded rows) where the rewrite applies, else ``None``."""
+def _rows(call: relax.Call) -> tuple[int, int, int] | None:
+    """(the rows' axis of ``x``, its extent, the padded extent) where the rewrite applies, else
+    ``None``. The rows' axis is the last axis before the features with an extent over one
+    (``(1, 197, K)``'s middle one, and the first of a sequence-first ``(197, 1, K)``)."""
     x, w = call.args
     out_dtype = str(call.attrs.out_dtype) if call.attrs.out_dtype is not None else ""
     if str(x.ty.dtype) != "float32" or str(w.ty.dtype) != "float32" or out_dtype not in ("", "void", "float32"):
@@ -68,17 +78,19 @@ def _rows(call: relax.Call) -> tuple[int, int] | None:
         return None
     if len(xs) < 2 or len(ws) != 2 or xs[-1] != ws[0]:
         return None
-    rows = xs[-2]
-    return None if padded(rows) == rows else (rows, padded(rows))
+    axis = next((a for a in range(len(xs) - 2, -1, -1) if xs[a] > 1), None)
+    if axis is None or padded(xs[axis]) == xs[axis]:
+        return None
+    return axis, xs[axis], padded(xs[axis])
 
 
 def _legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     found = _rows(call)
     if found is None:
         return _DEFAULT(bb, call)
-    rows, padded_rows = found
-    product = bb.emit_te(matmul_rows, call.args[0], call.args[1], padded_rows, primfunc_name_hint="matmul")
-    return bb.call_te(crop_rows, product, rows, primfunc_name_hint="rows")
+    axis, rows, padded_rows = found
+    product = bb.emit_te(matmul_rows, call.args[0], call.args[1], axis, padded_rows, primfunc_name_hint="matmul")
+    return bb.call_te(crop_rows, product, axis, rows, primfunc_name_hint="rows")
 
 
 _DEFAULT = tvm.ir.Op.get("relax.matmul").get_attr("FLegalize")
