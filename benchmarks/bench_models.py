@@ -53,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pad-attention", default="on", choices=["on", "off", "ab"],
                    help="stormdrop computes attentions over a badly tiling sequence at a padded length (on, "
                         "the default), at their own (off), or tunes both, timed in turns with the peers (ab)")
+    p.add_argument("--pad-rows", default="on", choices=["on", "off", "ab"],
+                   help="matrix products whose row count tiles badly computed over padded rows (ab: both, "
+                        "the unpadded arm tuned as long again)")
     p.add_argument("--cache-flush", default="auto", choices=["auto", "off", "on", "ab"],
                    help="stormdrop times candidates with the caches flushed (auto: the library's default, on "
                         "for CPUs), or tunes twice, without and with, both timed in turns with the peers (ab)")
@@ -105,7 +108,8 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
     from stormdrop.workloads.models import load_model
     from stormdrop.workloads.zoo import SEQUENCE_MODELS
 
-    lowering = Lowering(args.layout, winograd=args.winograd, pad_attention=args.pad_attention != "off")
+    lowering = Lowering(args.layout, winograd=args.winograd, pad_attention=args.pad_attention != "off",
+                        pad_rows=args.pad_rows != "off")
 
     size = ("seq_len", args.seq_len) if name in SEQUENCE_MODELS else ("resolution", args.resolution)
     kw = {size[0]: size[1]} if size[1] else {}
@@ -168,6 +172,9 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
         if args.pad_attention == "ab":  # the same tuning, attentions at their own length
             arms.append(("unpadded", {"auto": None, "on": True}.get(args.cache_flush, False),
                          dataclasses.replace(lowering, pad_attention=False)))
+        if args.pad_rows == "ab":  # the same tuning, matrix products at their own row count
+            arms.append(("unpadded_rows", {"auto": None, "on": True}.get(args.cache_flush, False),
+                         dataclasses.replace(lowering, pad_rows=False)))
         for key, cache_flush, arm_lowering in arms:
             arm_db = db_path.replace(".db", "") + f".{key}.db" if args.keep_db else os.path.join(tmp, f"{key}.sqlite")
             ra = tune(arm_db, cache_flush, lowering=arm_lowering)
@@ -250,7 +257,9 @@ def breakdown(raw: list[dict], top: int = 6) -> list[str]:
 # A/B arms in the notes: key -> (how it was tuned, the main build, the ratio's name, main / arm?, the arm)
 _ARMS = {"cold_tuned": ("tuned with the caches flushed (--cache-flush", "tuned warm", "warm / cold", True, "cold"),
          "unpadded": ("tuned with attentions at their own length (--pad-attention ab", "padded", "unpadded / padded",
-                      False, "unpadded")}
+                      False, "unpadded"),
+         "unpadded_rows": ("tuned with matrix products at their own row count (--pad-rows ab", "padded rows",
+                           "unpadded / padded", False, "unpadded rows")}
 
 
 def row(r: dict) -> list[str]:
