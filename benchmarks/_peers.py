@@ -77,15 +77,16 @@ def tuned_best(kernel: Any, target: Any, trials: int, path: str, seed: int, **tu
     return row, _tvm_json.schedule_from_trace_json(kernel.mod, best.trace_json).mod
 
 
-def retime_in_turns(target: Any, variants: dict[str, tuple[str, Any, Any]], rounds: int, seed: int
-                    ) -> dict[str, float | None]:
+def retime_in_turns(target: Any, variants: dict[str, tuple[str, Any, Any]], rounds: int, seed: int,
+                    measure: Any = None) -> dict[str, float | None]:
     """Each variant's best schedule timed by one measurement gateway, the variants taking turns
     for ``rounds`` rounds: the median (s), ``None`` when no run succeeded. ``variants``: name ->
-    (workload key, workload module, scheduled module)."""
+    (workload key, workload module, scheduled module); ``measure``: the gateway's
+    ``MeasureConfig`` (default: its own)."""
     from stormdrop.measure import Gateway
 
     times: dict[str, list[float]] = {n: [] for n in variants}
-    with Gateway(target) as gw:
+    with Gateway(target, measure) as gw:
         for key, mod, _ in variants.values():
             gw.prepare(key, mod, seed)
         for _ in range(rounds):
@@ -96,15 +97,18 @@ def retime_in_turns(target: Any, variants: dict[str, tuple[str, Any, Any]], roun
     return {n: statistics.median(v) if v else None for n, v in times.items()}
 
 
-def tuned_and_retimed(target: Any, kernels: dict[str, Any], trials: int, rounds: int, seed: int, work_dir: str
-                      ) -> dict[str, dict]:
+def tuned_and_retimed(target: Any, kernels: dict[str, Any], trials: int, rounds: int, seed: int, work_dir: str,
+                      measure: Any = None) -> dict[str, dict]:
     """Each kernel tuned alike (``tuned_best``, its own database in ``work_dir``), then the bests
-    re-timed in turns (``retime_in_turns``): name -> its ``tuned_best`` row with ``retimed_s``."""
+    re-timed in turns (``retime_in_turns``): name -> its ``tuned_best`` row with ``retimed_s``.
+    ``measure``: the ``MeasureConfig`` of both (default: a kernel's)."""
     rows, variants = {}, {}
+    extra = {} if measure is None else {"measure": measure}
     for name, kernel in kernels.items():
-        rows[name], best = tuned_best(kernel, target, trials, os.path.join(work_dir, f"{kernel.name}.db"), seed)
+        rows[name], best = tuned_best(kernel, target, trials, os.path.join(work_dir, f"{kernel.name}.db"), seed,
+                                      **extra)
         variants[name] = (kernel.name, kernel.mod, best)
-    for name, secs in retime_in_turns(target, variants, rounds, seed).items():
+    for name, secs in retime_in_turns(target, variants, rounds, seed, measure).items():
         rows[name]["retimed_s"] = secs
     return rows
 

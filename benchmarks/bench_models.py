@@ -133,7 +133,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
         db_path = os.path.join(tmp, "sd.sqlite")
         if args.keep_db:
             os.makedirs(args.keep_db, exist_ok=True)
-            db_path = os.path.join(args.keep_db, f"{name}.db")
+            db_path = os.path.join(args.keep_db, f"{os.path.basename(name)}.db")  # (a path: its file name)
 
         def tune(db: str, cache_flush: bool | None, untuned: bool = False, lowering: Lowering = lowering):
             return tune_model(model, target=target, trials=None if args.time_budget else args.trials,
