@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+from stormdrop.tracker import RpcConfig
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -38,8 +40,8 @@ class Loopback:
         self.wait_free(servers)
 
     @property
-    def rpc(self) -> dict:
-        return {"host": "127.0.0.1", "port": self.port, "key": self.key}
+    def rpc(self) -> RpcConfig:
+        return RpcConfig("127.0.0.1", self.port, self.key)
 
     def _start(self, cmd: list[str], name: str) -> subprocess.Popen:
         with open(os.path.join(self.logs, f"{name}.log"), "ab") as log:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import pytest
 from stormdrop.database import Database
 from stormdrop.kernel_tune import tune_kernel
 from stormdrop.measure import MeasureConfig
+from stormdrop.tracker import RpcConfig
 
 KEY = "stormdrop-test"
 
@@ -30,16 +32,16 @@ def _last_line(path) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-def _wait_free(rpc: dict, n: int, timeout: float = 60) -> None:
+def _wait_free(rpc: RpcConfig, n: int, timeout: float = 60) -> None:
     from tvm import rpc as tvm_rpc
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        queue = tvm_rpc.connect_tracker(rpc["host"], rpc["port"]).summary()["queue_info"]
-        if queue.get(rpc["key"], {}).get("free", 0) >= n:
+        queue = tvm_rpc.connect_tracker(rpc.host, rpc.port).summary()["queue_info"]
+        if queue.get(rpc.key, {}).get("free", 0) >= n:
             return
         time.sleep(0.5)
-    pytest.fail(f"{n} devices under {rpc['key']} did not become free")
+    pytest.fail(f"{n} devices under {rpc.key} did not become free")
 
 
 def _cluster(logs, key: str, servers: int):
@@ -82,7 +84,7 @@ def _cluster(logs, key: str, servers: int):
                 pytest.fail("the loopback RPC servers did not register at the tracker: "
                             f"{_last_line(logs / 'server0.log')}")
             time.sleep(0.5)
-        yield ({"host": "127.0.0.1", "port": tport, "key": key}, [logs / f"server{i}.log" for i in range(servers)],
+        yield (RpcConfig("127.0.0.1", tport, key), [logs / f"server{i}.log" for i in range(servers)],
                [procs[f"server{i}"] for i in range(servers)], procs)
     finally:
         for p in procs.values():
@@ -138,7 +140,7 @@ def test_a_run_longer_than_the_rpc_session_timeout_stores_no_failure(tmp_path, t
     """The tracker ends a session after its timeout (3 s here); the runner renews it before then,
     so candidates measured after the first session's end are measured, not stored as failures."""
     result = tune_kernel("matmul:M=32,N=32,K=32", trials=40, exploit_trials=0, db=tmp_path / "long.db", seed=0,
-                         measure=MeasureConfig(rpc={**tracker, "session_timeout": 3}))
+                         measure=MeasureConfig(rpc=dataclasses.replace(tracker, session_timeout_s=3)))
     assert result.tasks[0].verified
     with Database(tmp_path / "long.db") as db:
         recs = db.records(db.workloads()[0].workload_id)
@@ -200,7 +202,7 @@ def test_a_models_remote_timings_outlive_the_rpc_session(tmp_path, one_device):
     from stormdrop.workloads.models import load_model
 
     rpc, (log,) = one_device
-    rpc = {**rpc, "session_timeout": 3}
+    rpc = dataclasses.replace(rpc, session_timeout_s=3)
     model = load_model(tiny_net(str(tmp_path / "tiny.onnx")))
     target = host_target()
     ex = tvm.compile(model.mod, target=target)
@@ -210,7 +212,7 @@ def test_a_models_remote_timings_outlive_the_rpc_session(tmp_path, one_device):
     assert sample() > 0
     time.sleep(3.5)  # the tracker's session is over
     assert sample() > 0
-    key = (rpc["host"], int(rpc["port"]), rpc["key"])
+    key = (rpc.host, rpc.port, rpc.key)
     time.sleep(3.5)
     session, _ = model_run._SESSIONS[key]
     model_run._SESSIONS[key] = (session, time.monotonic())  # looks fresh, is over: its request fails
@@ -238,7 +240,7 @@ def test_a_model_timer_renewing_a_live_session_lets_go_of_the_old_one(tmp_path):
     ex = tvm.compile(model.mod, target=target)
     inputs = model_run.random_inputs(model, 0)
     for rpc, _, _, _ in _cluster(tmp_path, KEY + "-renew", 1):
-        rpc = {**rpc, "session_timeout": 600}
+        rpc = dataclasses.replace(rpc, session_timeout_s=600)
         key = model_run._key(rpc)
         sample = model_run.model_timer(ex, inputs, target, rpc)
         assert sample() > 0
@@ -275,7 +277,7 @@ def test_a_server_killed_mid_run_leaves_its_candidates_to_the_other(tmp_path):
         t.start()
         # (the lost device's runner tries for a new session for retry_s: 10 s here, 120 by default)
         result = tune_kernel("matmul:M=32,N=32,K=32", trials=24, exploit_trials=0, db=tmp_path / "k.db", seed=0,
-                             measure=MeasureConfig(rpc={**rpc, "retry_s": 10}))
+                             measure=MeasureConfig(rpc=dataclasses.replace(rpc, retry_s=10)))
         t.join(timeout=5)
         assert procs[1].poll() is not None, "the server was not killed during the run"
         assert result.tasks[0].verified
@@ -325,7 +327,7 @@ def test_a_tracker_restarted_mid_run_costs_a_wait_not_a_record(tmp_path):
     for rpc, _, _, procs in _cluster(tmp_path, KEY + "-restart", 1):
         t, seen = _kill_tracker_after(tmp_path / "t.db", procs, 4, logs=tmp_path, down_s=3.0)
         result = tune_kernel("matmul:M=32,N=32,K=32", trials=24, exploit_trials=0, db=tmp_path / "t.db", seed=0,
-                             measure=MeasureConfig(rpc={**rpc, "session_timeout": 3, "retry_s": 90}))
+                             measure=MeasureConfig(rpc=dataclasses.replace(rpc, session_timeout_s=3, retry_s=90)))
         t.join(timeout=5)
         assert seen, "the tracker was not killed during the run"
         assert result.tasks[0].verified
@@ -342,7 +344,7 @@ def test_a_tracker_gone_for_good_stops_the_run_with_one_line_and_keeps_every_rec
         t, seen = _kill_tracker_after(tmp_path / "g.db", procs, 4)
         r = subprocess.run([sys.executable, "-m", "stormdrop", "tune", "--kernel", "matmul:M=32,N=32,K=32",
                             "--trials", "400", "--exploit-trials", "0", "--db", str(tmp_path / "g.db"),
-                            "--rpc-tracker", f"{rpc['host']}:{rpc['port']}", "--rpc-key", rpc["key"],
+                            "--rpc-tracker", f"{rpc.host}:{rpc.port}", "--rpc-key", rpc.key,
                             "--rpc-retry", "4", "--rpc-session-timeout", "3", "--no-progress"],
                            capture_output=True, text=True, timeout=600)
         t.join(timeout=5)
@@ -350,7 +352,7 @@ def test_a_tracker_gone_for_good_stops_the_run_with_one_line_and_keeps_every_rec
         lines = r.stderr.strip().splitlines()
         # one line naming the tracker: "does not answer", or, when the kill races the session's
         # renewal, "no free device under key ... at HOST:PORT" (seen once on AMD znver5, session 31)
-        assert r.returncode != 0 and len(lines) == 1 and f"{rpc['host']}:{rpc['port']}" in lines[0], r.stderr
+        assert r.returncode != 0 and len(lines) == 1 and f"{rpc.host}:{rpc.port}" in lines[0], r.stderr
         recs = _records(tmp_path / "g.db")
         assert {x.candidate_key for x in seen} <= {x.candidate_key for x in recs} and len(recs) < 400
         assert [x.result.error for x in recs if not x.ok] == []
@@ -373,7 +375,7 @@ def test_a_device_that_registers_mid_run_joins_it(tmp_path):
             with open(late_log, "wb") as log:
                 procs["late"] = subprocess.Popen(
                     [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(sport),
-                     "--port-end", str(sport + 1), "--tracker", f"127.0.0.1:{rpc['port']}", "--key", rpc["key"]],
+                     "--port-end", str(sport + 1), "--tracker", f"127.0.0.1:{rpc.port}", "--key", rpc.key],
                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
         t = threading.Thread(target=start_late, daemon=True)
@@ -382,7 +384,7 @@ def test_a_device_that_registers_mid_run_joins_it(tmp_path):
 
         code = main(["tune", "--kernel", "matmul:M=32,N=32,K=32", "--trials", "40", "--exploit-trials", "0",
                      "--db", str(tmp_path / "j.db"), "--seed", "0", "--json", str(tmp_path / "j.json"),
-                     "--rpc-tracker", f"{rpc['host']}:{rpc['port']}", "--rpc-key", rpc["key"],
+                     "--rpc-tracker", f"{rpc.host}:{rpc.port}", "--rpc-key", rpc.key,
                      "--rpc-join-every", "1", "--no-progress"])
         t.join(timeout=5)
         assert "late" in procs, "the second server was not started during the run"

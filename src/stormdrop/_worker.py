@@ -15,10 +15,10 @@ import time
 import traceback
 from typing import Any
 
-from .tracker import free_devices, knock, renewal_due
+from .tracker import RpcConfig, free_devices, knock, renewal_due
 
 
-def serve(conn: Any, role: str, target_json: str, rpc: dict | None) -> None:
+def serve(conn: Any, role: str, target_json: str, rpc: RpcConfig | None) -> None:
     """Worker main loop (entry point of the child process)."""
     import logging
 
@@ -140,20 +140,20 @@ class _RunnerState:
     Inputs and references are kept on the host, so a new session needs nothing re-computed.
     """
 
-    def __init__(self, target: Any, rpc: dict | None) -> None:
+    def __init__(self, target: Any, rpc: RpcConfig | None) -> None:
         import tvm
 
         self.target = target
         self.rpc = rpc
         self.session = None
         self.kind = "cuda" if target.kind.name == "cuda" else "cpu"
-        self.session_timeout = int((rpc or {}).get("session_timeout", 600))
+        self.session_timeout = int(rpc.session_timeout_s) if rpc else 600
         self.opened = 0.0
         if rpc:
             try:  # fail in seconds, not after TVM's 60 s of silent retries
                 knock(rpc, timeout=10)
             except OSError as err:
-                raise RuntimeError(f"cannot reach the RPC tracker at {rpc['host']}:{rpc['port']}: "
+                raise RuntimeError(f"cannot reach the RPC tracker at {rpc.host}:{rpc.port}: "
                                    f"{err.strerror or err}") from None
             self._connect()
         else:
@@ -166,11 +166,11 @@ class _RunnerState:
         from tvm import rpc as tvm_rpc
 
         rpc = self.rpc
-        tracker = tvm_rpc.connect_tracker(rpc["host"], int(rpc["port"]))
-        if rpc.get("join") and self.session is None and not free_devices(rpc):
+        tracker = tvm_rpc.connect_tracker(rpc.host, rpc.port)
+        if rpc.join and self.session is None and not free_devices(rpc):
             # joining mid-run: never wait in the tracker's queue
-            raise RuntimeError(f"no free device under key {rpc['key']} any more")
-        self.session = tracker.request(rpc["key"], priority=1, session_timeout=self.session_timeout)
+            raise RuntimeError(f"no free device under key {rpc.key} any more")
+        self.session = tracker.request(rpc.key, priority=1, session_timeout=self.session_timeout)
         self.dev = self.session.device(self.kind)
         self.opened = time.monotonic()
 
@@ -183,15 +183,15 @@ class _RunnerState:
             return False
 
     def _reconnect(self, why: str) -> None:
-        """A new session, tried again with doubling waits (1 s to 30 s) for up to ``rpc["retry_s"]``
+        """A new session, tried again with doubling waits (1 s to 30 s) for up to ``rpc.retry_s``
         seconds (default 120): a tracker restarted, or a device freed, in that time is used again.
         ``DeviceLost`` if the tracker or every device under the key stays unreachable."""
         import gc
 
         self.session = self.dev = None  # the old session closes, its device goes back to the tracker
         gc.collect()
-        address = f"{self.rpc['host']}:{self.rpc['port']}"
-        deadline = time.monotonic() + float(self.rpc.get("retry_s", 120))
+        address = f"{self.rpc.host}:{self.rpc.port}"
+        deadline = time.monotonic() + self.rpc.retry_s
         wait, tries, last = 0.0, 0, ""
         while True:
             tries += 1
@@ -200,7 +200,7 @@ class _RunnerState:
                     raise RuntimeError(f"the RPC tracker at {address} does not answer")
                 # a request for a busy key waits until a device is free: ask only when one is
                 if not free_devices(self.rpc):
-                    raise RuntimeError(f"no free device under key {self.rpc['key']} at {address}")
+                    raise RuntimeError(f"no free device under key {self.rpc.key} at {address}")
                 self._connect()
                 return
             except Exception as err:  # noqa: BLE001
@@ -209,8 +209,8 @@ class _RunnerState:
             if time.monotonic() + wait > deadline:
                 break
             time.sleep(wait)
-        raise DeviceLost(f"RPC device {self.rpc['key']} lost ({why}); no new session in "
-                         f"{float(self.rpc.get('retry_s', 120)):.0f} s ({tries} tries): {last}")
+        raise DeviceLost(f"RPC device {self.rpc.key} lost ({why}); no new session in "
+                         f"{self.rpc.retry_s:.0f} s ({tries} tries): {last}")
 
     def _on_device(self, request: Any, *args: Any) -> Any:
         """``request(*args)`` on a live session: renewed when due, re-opened and retried once after an error."""
@@ -360,12 +360,11 @@ def _die_with(parent: int) -> None:
 
 def main(argv: list[str]) -> None:
     """``main([FD, ROLE, TARGET_JSON, RPC_JSON, PARENT_PID])``: a worker's entry (``workers.Worker``)."""
-    import json
     from multiprocessing.connection import Connection
 
     fd, role, target_json, rpc_json, parent = int(argv[0]), argv[1], argv[2], argv[3], int(argv[4])
     _die_with(parent)
-    serve(Connection(fd), role, target_json, json.loads(rpc_json))
+    serve(Connection(fd), role, target_json, RpcConfig.from_json(rpc_json))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import threading
 
 from .cli_options import build_parser
 from .errors import SpecError, StormdropError
+from .tracker import RpcConfig
 
 log = logging.getLogger("stormdrop")
 
@@ -105,15 +106,15 @@ def _lowering(args: argparse.Namespace):
                     combine_matmuls=args.combine_matmuls)
 
 
-def _rpc(args: argparse.Namespace) -> dict | None:
+def _rpc(args: argparse.Namespace) -> RpcConfig | None:
     if not (args.rpc_tracker or args.rpc_key):
         return None
     host, _, port = (args.rpc_tracker or "").rpartition(":")
     if not host or not port.isdigit() or not args.rpc_key:
         raise SpecError("--rpc-tracker HOST:PORT and --rpc-key KEY go together")
-    return {"host": host, "port": int(port), "key": args.rpc_key, "retry_s": getattr(args, "rpc_retry", 120.0),
-            "session_timeout": getattr(args, "rpc_session_timeout", 600.0),
-            "join_every_s": getattr(args, "rpc_join_every", 60.0)}
+    return RpcConfig(host, int(port), args.rpc_key, retry_s=getattr(args, "rpc_retry", 120.0),
+                     session_timeout_s=getattr(args, "rpc_session_timeout", 600.0),
+                     join_every_s=getattr(args, "rpc_join_every", 60.0))
 
 
 def _cmd_tune_model(args: argparse.Namespace) -> int:

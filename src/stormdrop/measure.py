@@ -34,7 +34,7 @@ from .memory import process_rss_mb, runner_memory_limit_mb
 from .records import ErrorKind, MeasureResult
 from .target import canonical, physical_cores
 from .timing_lock import timing
-from .tracker import devices_to_start, free_devices
+from .tracker import RpcConfig, devices_to_start, free_devices
 from .workers import DeviceGone, Runner, Worker
 
 log = logging.getLogger("stormdrop")
@@ -57,16 +57,16 @@ class MeasureConfig:
     run_timeout_s: float = 30.0
     check_correctness: bool = True
     builders: int = 0  # 0: one per physical core
-    rpc: dict | None = None  # {"host":..., "port":..., "key":...} to time on an RPC tracker's device
+    rpc: RpcConfig | None = None  # time on the devices under an RPC tracker's key
     rpc_devices: int = 0  # RPC: time on this many devices at once (0: every device free under the key)
     runner_memory_mb: float = 0.0  # a local runner grown past this is restarted (0: memory.runner_memory_limit_mb)
 
     @property
     def device_timeout_s(self) -> float:
         """How long one timing may go unanswered before it counts as hung: ``run_timeout_s``, and on
-        an RPC device the time a lost session is tried again (``rpc["retry_s"]``) more, so that a
+        an RPC device the time a lost session is tried again (``rpc.retry_s``) more, so that a
         restarted tracker or server costs a wait, not a stored timeout."""
-        return self.run_timeout_s + (float(self.rpc.get("retry_s", 120)) + 30.0 if self.rpc else 0.0)
+        return self.run_timeout_s + (self.rpc.retry_s + 30.0 if self.rpc else 0.0)
 
     def for_models(self, target: Target) -> MeasureConfig:
         """This config for a model's tasks: caches flushed on a CPU unless said otherwise. Timed warm,
@@ -139,20 +139,20 @@ class Gateway:
     def _join_free_devices(self) -> None:
         """RPC: devices free under the key since the last look (a server started, or back) join the
         run, one runner each, up to ``rpc_devices``; the tracker is asked at most every
-        ``rpc["join_every_s"]`` seconds (default 60)."""
+        ``rpc.join_every_s`` seconds."""
         rpc, cap = self.config.rpc, self.config.rpc_devices
-        if rpc is None or time.monotonic() - self._looked < float(rpc.get("join_every_s", 60)):
+        if rpc is None or time.monotonic() - self._looked < rpc.join_every_s:
             return
         self._looked = time.monotonic()
         room = free_devices(rpc) or 0
         if cap > 0:
             room = min(room, cap - len(self._runners))
         for _ in range(max(0, room)):
-            runner = Runner(Worker("runner", canonical(self.target), {**rpc, "join": True}), joined=True)
+            runner = Runner(Worker("runner", canonical(self.target), dataclasses.replace(rpc, join=True)), joined=True)
             runner.worker.start()
             self._runners.append(runner)
         if room > 0:
-            log.info("%d more RPC device(s) under %s joined: %d timing", room, rpc["key"], len(self._runners))
+            log.info("%d more RPC device(s) under %s joined: %d timing", room, rpc.key, len(self._runners))
 
     def candidate_s(self) -> tuple[float, float]:
         """Wall seconds to build, and to run, one candidate measured alone, from what this gateway

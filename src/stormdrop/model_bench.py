@@ -31,6 +31,7 @@ from .model_run import (
 from .model_tune import extract_tasks
 from .runtimes import run_pytorch
 from .target import canonical, parse_target
+from .tracker import RpcConfig
 from .workloads.models import Model, load_model
 
 log = logging.getLogger("stormdrop")
@@ -131,7 +132,7 @@ def task_times_in_model(ex: Any, inputs: dict, target: Target, rows: list[TaskRo
 
 
 def bench_model(spec: Any, *, db: Database, target: Any = None, seed: int = 0, lowering: Lowering | None = None,
-                rpc: dict | None = None, **load_kw: Any) -> BenchResult:
+                rpc: RpcConfig | None = None, **load_kw: Any) -> BenchResult:
     """Measure ``spec`` untuned, tuned from ``db``, in ONNX Runtime, and in OpenVINO and PyTorch
     when available.
 

@@ -23,6 +23,7 @@ from tvm.target import Target
 from . import _tvm, _tvm_json
 from .runtimes import onnxruntime_timer, openvino_timer
 from .timing_lock import timing
+from .tracker import RpcConfig
 from .workloads.models import Model
 
 
@@ -83,7 +84,7 @@ def compile_model(fused: tvm.IRModule, mdb: Any, target: Target) -> Any:
 _SESSIONS: dict[tuple, tuple[Any, float]] = {}  # per device key: the process's RPC session, when opened
 
 
-def _remote(rpc: dict, fresh: bool = False) -> Any:
+def _remote(rpc: RpcConfig, fresh: bool = False) -> Any:
     """The process's RPC session to a device under ``rpc``'s key, for model runs: a new one when
     ``fresh`` (``_on_remote``: after an error, or when the tracker's session timeout is near). The
     old session is closed first: its device goes back to the tracker (with one device under the
@@ -98,25 +99,25 @@ def _remote(rpc: dict, fresh: bool = False) -> Any:
         gc.collect()  # the old session's last reference is gone: it closes
     from tvm import rpc as tvm_rpc
 
-    tracker = tvm_rpc.connect_tracker(rpc["host"], int(rpc["port"]))
-    timeout = int(rpc.get("session_timeout", 600))
-    _SESSIONS[key] = (tracker.request(rpc["key"], priority=1, session_timeout=timeout), time.monotonic())
+    tracker = tvm_rpc.connect_tracker(rpc.host, rpc.port)
+    _SESSIONS[key] = (tracker.request(rpc.key, priority=1, session_timeout=int(rpc.session_timeout_s)),
+                      time.monotonic())
     return _SESSIONS[key][0]
 
 
-def _key(rpc: dict) -> tuple:
-    return rpc["host"], int(rpc["port"]), rpc["key"]
+def _key(rpc: RpcConfig) -> tuple:
+    return rpc.host, rpc.port, rpc.key
 
 
-def _renewal_due(rpc: dict) -> bool:
+def _renewal_due(rpc: RpcConfig) -> bool:
     """Whether the process's session under ``rpc``'s key is in its last fifth (or minute)."""
     from .tracker import renewal_due
 
     opened = _SESSIONS.get(_key(rpc), (None, None))[1]
-    return opened is not None and renewal_due(opened, int(rpc.get("session_timeout", 600)))
+    return opened is not None and renewal_due(opened, rpc.session_timeout_s)
 
 
-def _on_remote(rpc: dict, ex: Any, inputs: dict[str, np.ndarray], target: Target,
+def _on_remote(rpc: RpcConfig, ex: Any, inputs: dict[str, np.ndarray], target: Target,
                use: Callable[[Any, Any, list], Any], state: dict | None = None) -> Any:
     """``use(vm, dev, args)`` with the model loaded on the RPC device: on the live session (renewed
     when due; the model uploaded again to a new one), tried once more on a new session after an
@@ -170,7 +171,7 @@ def _timer(vm: Any, dev: Any, args: list, remote: bool = False) -> Callable[[], 
     return sample
 
 
-def model_timer(ex: Any, inputs: dict[str, np.ndarray], target: Target, rpc: dict | None = None,
+def model_timer(ex: Any, inputs: dict[str, np.ndarray], target: Target, rpc: RpcConfig | None = None,
                 state: dict | None = None) -> Callable[[], float]:
     """A function returning one latency sample (s) of the compiled model: the median of
     5 means of >= 100 ms of back-to-back runs on the Relax VM (on the RPC device ``rpc``, where a
@@ -188,7 +189,7 @@ def model_timer(ex: Any, inputs: dict[str, np.ndarray], target: Target, rpc: dic
 
 
 def run_model(ex: Any, inputs: dict[str, np.ndarray], target: Target, *, time_it: bool = True,
-              rpc: dict | None = None) -> tuple[list[np.ndarray], float | None]:
+              rpc: RpcConfig | None = None) -> tuple[list[np.ndarray], float | None]:
     """Outputs of the compiled model, and its median latency (s) when ``time_it`` (here, or on the
     RPC device ``rpc``)."""
 
@@ -276,7 +277,7 @@ def max_abs_diff(outs: list[np.ndarray], ref: list[np.ndarray]) -> tuple[float, 
 
 
 def side_by_side(model: Model, ex: Any, inputs: dict[str, np.ndarray], target: Target, *,
-                 rpc: dict | None = None, rounds: int = 3, untuned: bool = True
+                 rpc: RpcConfig | None = None, rounds: int = 3, untuned: bool = True
                  ) -> tuple[dict[str, float | None], float]:
     """The one compile-and-verify check of ``tune --model`` and ``bench --model``: untuned TVM
     (timed once: it can take seconds a run), the tuned executable ``ex``, ONNX Runtime and OpenVINO

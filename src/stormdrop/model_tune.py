@@ -40,6 +40,7 @@ from .records import Phase
 from .reuse import block_names, open_donors
 from .storm import StormConfig
 from .target import canonical, parse_target
+from .tracker import RpcConfig
 from .tune import TaskResult, TaskSession, TaskTuner
 from .winograd import direct_flops as winograd_direct_flops
 from .workloads import Kernel
@@ -255,7 +256,7 @@ def _ms_database(sessions: list[TaskSession], ranked: list[list[Deployable]], pi
 
 
 def _compile_and_verify(result: ModelResult, model: Model, fused: tvm.IRModule, sessions: list[TaskSession],
-                        target: Target, output: str | None, seed: int, start: float, rpc: dict | None = None,
+                        target: Target, output: str | None, seed: int, start: float, rpc: RpcConfig | None = None,
                         untuned: bool = False, candidates: int = 1) -> dict[str, str]:
     """Compile with every task's best record, or with the in-model choice among its ``candidates``
     best (``model_choice``; ``result.tuning_s`` ends at the compiled model, counted from ``start``),

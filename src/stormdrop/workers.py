@@ -15,6 +15,7 @@ from typing import Any
 
 from . import _tvm
 from .errors import MeasureError, one_line
+from .tracker import RpcConfig
 
 
 def child_entry(module: str, function: str) -> str:
@@ -38,7 +39,7 @@ _ENTRY = child_entry("_worker", "main")
 class Worker:
     """A persistent child process serving requests over a pipe."""
 
-    def __init__(self, role: str, target_json: str, rpc: dict | None) -> None:
+    def __init__(self, role: str, target_json: str, rpc: RpcConfig | None) -> None:
         self.role, self.target_json, self.rpc = role, target_json, rpc
         self.proc: Any = None
         self.conn: Any = None
@@ -52,7 +53,8 @@ class Worker:
         parent, child = socket.socketpair()
         fd = child.fileno()
         # The parent's pid: a worker exits when its tuner is gone.
-        cmd = [sys.executable, "-c", _ENTRY, str(fd), self.role, self.target_json, json.dumps(self.rpc),
+        rpc_json = self.rpc.to_json() if self.rpc else "null"
+        cmd = [sys.executable, "-c", _ENTRY, str(fd), self.role, self.target_json, rpc_json,
                str(os.getpid())]
         env = child_env()
         if self.role == "runner":  # timed on the target's cores, not TVM's default half (see _tvm)
