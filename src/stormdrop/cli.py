@@ -69,7 +69,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     measure = _measure_config(args)
     log.info("tuning %s on %s", kernel.name, describe(target))
     result = tune_kernel(kernel, target=target, trials=64 if args.trials is None else args.trials, exploit_trials=args.exploit_trials,
-                         time_budget=args.time_budget, db=args.db, seed=args.seed, pvalue=args.pvalue,
+                         time_budget=args.time_budget, db=args.db, seed=args.seed,
                          measure=measure, storm=StormConfig(batch_size=max(1, args.batch_size), prior=args.prior),
                          raindrop=raindrop,
                          reuse=max(0, args.reuse), phases=phases, reuse_from=args.reuse_from,
@@ -134,7 +134,7 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
     trials = args.trials if args.trials is not None else (None if args.time_budget else 1000)
     result = tune_model(model, target=target, trials=trials,
                         trials_per_task=max(2, args.trials_per_task), time_budget=args.time_budget, db=args.db,
-                        seed=args.seed, pvalue=args.pvalue, output=args.output, measure=_measure_config(args),
+                        seed=args.seed, output=args.output, measure=_measure_config(args),
                         storm=StormConfig(batch_size=max(1, args.batch_size), prior=args.prior),
                         reuse=max(0, args.reuse), lowering=_lowering(args), raindrop=raindrop, progress=not args.no_progress, phases=phases,
                         reuse_from=args.reuse_from, untuned=args.untuned,

@@ -41,7 +41,7 @@ class TuneResult:
 
 def tune_kernel(kernel: str | Kernel, *, target: str | dict | Target | None = None, trials: int = 64,
                 exploit_trials: int | None = None, time_budget: float | None = None,
-                db: str | os.PathLike | Database | None = None, seed: int = 0, pvalue: float = 0.05,
+                db: str | os.PathLike | Database | None = None, seed: int = 0,
                 measure: MeasureConfig | None = None, storm: StormConfig | None = None,
                 raindrop: RaindropConfig | None = None, reuse: int = 8, progress: bool = False,
                 phases: Sequence[Phase] = PHASES, reuse_from: Sequence[str | os.PathLike] = ()) -> TuneResult:
@@ -62,7 +62,7 @@ def tune_kernel(kernel: str | Kernel, *, target: str | dict | Target | None = No
     tgt = parse_target(target)
     exploit = trials if exploit_trials is None else exploit_trials
     deadline = start + time_budget if time_budget else float("inf")
-    rcfg = raindrop or RaindropConfig(pvalue=pvalue)
+    rcfg = raindrop or RaindropConfig()
     check_samples(measure, phases, exploit)
     own_db = not isinstance(db, Database)
     donor_dbs = open_donors(reuse_from)

@@ -106,7 +106,7 @@ def extract_tasks(model: Model, target: Target, lowering: Lowering | None = None
 
 
 def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, trials_per_task: int = 128,
-               time_budget: float | None = None, db: Any = None, seed: int = 0, pvalue: float = 0.05,
+               time_budget: float | None = None, db: Any = None, seed: int = 0,
                output: str | None = None, measure: MeasureConfig | None = None,
                storm: StormConfig | None = None, input_shapes: dict | None = None, batch: int = 1,
                resolution: int | None = None, seq_len: int | None = None, reuse: int = 8,
@@ -116,7 +116,7 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
     """Tune every task of a model under a global trial and time budget, then compile and verify.
 
     ``trials=None``: no global cap; the time budget and ``trials_per_task`` end the tuning.
-    ``raindrop`` (default: ``RaindropConfig(pvalue=pvalue)``) configures every task's raindrop.
+    ``raindrop`` (default: ``RaindropConfig()``) configures every task's raindrop.
     ``phases`` and ``reuse_from``: as in ``tune_kernel``, for every task. ``lowering``: how the
     model is lowered before its kernels are extracted (``Lowering``; default: NHWC on CPUs, fast
     math, Winograd where it pays). ``untuned``: time the untuned build too (``side_by_side``; it is
@@ -155,7 +155,7 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
             first = first_batch_size(trials, len(tasks), (storm or StormConfig()).batch_size)
             storm_trials = storm_share(trials, len(tasks), trials_per_task, first)
             tuners = [TaskTuner(s, trials=storm_trials, exploit_trials=trials_per_task - storm_trials,
-                                storm=storm, raindrop=raindrop or RaindropConfig(pvalue=pvalue), reuse=reuse,
+                                storm=storm, raindrop=raindrop or RaindropConfig(), reuse=reuse,
                                 first_batch=first, phases=phases, donor_dbs=donor_dbs)
                       for s in sessions]
             # the ledger: --trials counts what earlier runs measured on these tasks too, so that a
