@@ -62,6 +62,18 @@ def machine() -> str:
            f"({os.cpu_count()} logical)"
 
 
+def pinned_host() -> tuple[Any, str]:
+    """A kernel benchmark's set-up: the threading libraries pinned to the physical cores
+    (``bench_kernels.pin_threads``), then the host target and its canonical string."""
+    from bench_kernels import pin_threads
+
+    from stormdrop.target import canonical, host_target, physical_cores
+
+    pin_threads(physical_cores())
+    target = host_target()
+    return target, canonical(target)
+
+
 def tuned_best(kernel: Any, target: Any, trials: int, path: str, seed: int, **tune_kw: Any) -> tuple[dict, Any]:
     """Tune ``kernel`` (``trials`` storm + as many raindrop) into the database ``path``: its row
     (stored latency, tuning seconds, trials) and its best schedule, replayed on the workload."""

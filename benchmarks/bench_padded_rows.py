@@ -57,23 +57,20 @@ def kernel(m: int, k: int, n: int, rows: int):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import machine, publish, tuned_and_retimed
-    from bench_kernels import pin_threads
+    from _peers import machine, pinned_host, publish, tuned_and_retimed
 
     from stormdrop.measure import MeasureConfig
     from stormdrop.padded_rows import padded
-    from stormdrop.target import canonical, host_target, physical_cores
 
-    pin_threads(physical_cores())
-    target = host_target()
-    key = canonical(target)
+    target, key = pinned_host()
     cold = MeasureConfig(cache_flush=True)
+    seeds = [int(s) for s in args.seeds.split(",")]
     raw = []
     with tempfile.TemporaryDirectory(prefix="bench-rows-") as tmp:
         for shape in args.shapes.split(","):
             m, k, n = (int(v) for v in shape.lower().split("x"))
             counts = [m, *dict.fromkeys(int(p) or padded(m) for p in args.pads.split(","))]
-            for seed in (int(s) for s in args.seeds.split(",")):
+            for seed in seeds:
                 kernels = {str(rows): kernel(m, k, n, rows) for rows in counts}
                 entry = {"m": m, "k": k, "n": n, "seed": seed,
                          "variants": tuned_and_retimed(target, kernels, args.trials, args.rounds, seed,
@@ -88,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
              f"- `x (1, M, K) @ w (K, N) + bias` at its own M rows and over padded rows (`padded_rows`), each tuned "
              f"{args.trials} storm + {args.trials} raindrop trials per seed, the bests of a seed re-timed in turns "
              f"({args.rounds} rounds, median), caches flushed of the weights; GFLOPS count the M rows' work only", ""]
-    header = ["M x K x N", "rows", *(f"seed {e['seed']} us" for e in raw[:len({e['seed'] for e in raw})]),
+    header = ["M x K x N", "rows", *(f"seed {s} us" for s in seeds),
               "median us", "GFLOPS", "own rows / this (speed)"]
     lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for shape in dict.fromkeys((e["m"], e["k"], e["n"]) for e in raw):

@@ -57,14 +57,10 @@ def kernel(variant: str, h: int, c: int):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import machine, publish, tuned_and_retimed
-    from bench_kernels import pin_threads
+    from _peers import machine, pinned_host, publish, tuned_and_retimed
 
-    from stormdrop.target import canonical, host_target, physical_cores
 
-    pin_threads(physical_cores())
-    target = host_target()
-    key = canonical(target)
+    target, key = pinned_host()
     raw = []
     with tempfile.TemporaryDirectory(prefix="bench-red-") as tmp:
         for shape in args.shapes.split(","):

@@ -45,20 +45,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import machine, publish
-    from bench_kernels import pin_threads
+    from _peers import machine, pinned_host, publish
 
     from stormdrop import _tvm_json
     from stormdrop.database import Database
     from stormdrop.kernel_tune import tune_kernel
     from stormdrop.measure import Gateway
     from stormdrop.raindrop import RaindropConfig
-    from stormdrop.target import canonical, host_target, physical_cores
     from stormdrop.workloads import parse_kernel
 
-    pin_threads(physical_cores())
-    target = host_target()
-    key = canonical(target)
+    target, key = pinned_host()
     settings = {"off": 0, "on": args.register_tiles}
     raw = []
     with tempfile.TemporaryDirectory(prefix="bench-rt-") as tmp:

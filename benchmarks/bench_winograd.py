@@ -48,16 +48,12 @@ def spec(c: int, h: int, m: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import machine, publish, tuned_and_retimed
-    from bench_kernels import pin_threads
+    from _peers import machine, pinned_host, publish, tuned_and_retimed
 
-    from stormdrop.target import canonical, host_target, physical_cores
     from stormdrop.winograd import choose_tile
     from stormdrop.workloads import parse_kernel
 
-    pin_threads(physical_cores())
-    target = host_target()
-    key = canonical(target)
+    target, key = pinned_host()
     raw = []
     with tempfile.TemporaryDirectory(prefix="bench-wino-") as tmp:
         for shape in args.shapes.split(","):

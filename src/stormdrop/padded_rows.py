@@ -79,9 +79,9 @@ def _rows(call: relax.Call) -> tuple[int, int, int] | None:
     if len(xs) < 2 or len(ws) != 2 or xs[-1] != ws[0]:
         return None
     axis = next((a for a in range(len(xs) - 2, -1, -1) if xs[a] > 1), None)
-    if axis is None or padded(xs[axis]) == xs[axis]:
-        return None
-    return axis, xs[axis], padded(xs[axis])
+    rows = xs[axis] if axis is not None else 1
+    goal = padded(rows)
+    return None if goal == rows else (axis, rows, goal)
 
 
 def _legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
