@@ -39,10 +39,10 @@ import tvm
 dev = tvm.cuda(0)
 print("tvm", tvm.__version__, "cuda runtime", tvm.runtime.enabled("cuda"), "GPU", dev.exist,
       dev.device_name, dev.compute_version, dev.multi_processor_count, "SMs")
-from stormdrop import _tvm
-print("CUDA roots", _tvm._cuda_roots())
+from stormdrop import _nvrtc
+print("CUDA roots", _nvrtc._cuda_roots())
 try:
-    print("NVRTC headers", _tvm.cuda_headers())
+    print("NVRTC headers", _nvrtc.cuda_headers())
 except RuntimeError as err:
     print(err)
 EOF
