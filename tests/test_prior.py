@@ -162,3 +162,27 @@ def test_first_batch_is_reproducible_from_the_seed(with_prior):
     assert len(a) == 8
     assert a == b
     assert first(6) != a
+
+
+def test_transfers_leave_the_storms_first_batch_to_the_prior():
+    """Reuse's transfers are learnt, but the storm's first batch is still the prior's picks among
+    random samples (the batch a storm without transfers draws), not an evolution from the
+    transfers alone, which can keep a storm in the donor's basin."""
+    import dataclasses
+
+    from stormdrop.records import MeasureResult, Phase
+
+    kernel = parse_kernel("matmul:M=32,N=32,K=32")
+    cfg = StormConfig(population_size=16, batch_size=8, prior_pool=1)
+    donor = Storm(kernel.mod, host_target(), trials=8, seed=1, config=cfg)
+    transfers = [dataclasses.replace(c, phase=Phase.REUSE) for c in donor.propose()[:4]]
+    donor.close()
+    storm = Storm(kernel.mod, host_target(), trials=16, seed=0, config=cfg)
+    storm.absorb(transfers, [MeasureResult(run_secs=(1e-6,) * 2)] * len(transfers))
+    alone = Storm(kernel.mod, host_target(), trials=16, seed=0, config=cfg)
+    first, drawn = storm.propose(), alone.propose()
+    assert {c.key for c in first} == {c.key for c in drawn} - {c.key for c in transfers}
+    storm.tell(first, [MeasureResult(run_secs=(1e-5,) * 2)] * len(first))
+    assert storm.explored == len(first) and not storm._cold()  # evolution from the second batch on
+    storm.close()
+    alone.close()

@@ -156,6 +156,7 @@ class Storm:
         self._pending: list[ms.MeasureCandidate] = []
         self.remaining = trials
         self.measured = 0  # measurements of this workload the model has been told
+        self.explored = 0  # of those, the storm's own (random or evolved), stored or told
         self._untrained: tuple[list, list] = ([], [])  # told, not yet trained on (see ``_trained``)
         self._seen: set[str] = set()  # keys of candidates proposed or learnt
         self._learn(history)
@@ -202,7 +203,12 @@ class Storm:
         at random (before its warm-up samples), or, with a prior, before any own measurement."""
         model = self.cost_model
         if self._prior:
-            return self.measured == 0
+            # Reuse's transfers do not end it: evolving from a few transferred schedules (the only
+            # measured members of the population) can keep a storm in their basin (nearly every
+            # candidate with the donor's column tile, RESULTS "Storm after reuse"); a first batch of
+            # the prior's picks among random samples shows the model, and the population, the rest
+            # of the space.
+            return self.explored == 0
         return isinstance(model, ms.cost_model.XGBModel) and model.data_size < model.num_warmup_samples
 
     def _search(self) -> ms.TuneContext:
@@ -217,6 +223,7 @@ class Storm:
         self._seen.update(c.key for c, _ in history)
         self._told(cands, [to_runner_result(r) for _, r in history])
         self._commit(cands, [r for _, r in history])
+        self.explored += sum(c.phase == Phase.STORM for c, _ in history)
 
     def absorb(self, candidates: list[Candidate], results: list[MeasureResult],
                fresh: Sequence[bool] | None = None) -> None:
@@ -289,6 +296,7 @@ class Storm:
         self._search().notify_runner_results(cands, runner_results)
         self._told(cands, runner_results)
         self._commit(cands, results)
+        self.explored += len(cands)
         self.remaining -= len(cands) if fresh is None else sum(map(bool, fresh))
         self._pending = []
 
