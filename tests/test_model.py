@@ -248,7 +248,7 @@ def test_cli_time_budget_keeps_tuning_past_the_per_task_cap(tmp_path):
     left; the costliest tasks get more rounds until the budget is spent. The .so export is quiet."""
     path = tiny_net(str(tmp_path / "tiny.onnx"))
     js, so = tmp_path / "t.json", tmp_path / "t.so"
-    r = subprocess.run([sys.executable, "-m", "stormdrop", "tune", "--model", path, "--time-budget", "45",
+    r = subprocess.run([sys.executable, "-m", "stormdrop", "tune", "--model", path, "--time-budget", "30",
                         "--trials-per-task", "2", "--db", str(tmp_path / "t.db"), "--output", str(so),
                         "--json", str(js), "--no-progress"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
@@ -258,8 +258,8 @@ def test_cli_time_budget_keeps_tuning_past_the_per_task_cap(tmp_path):
     assert "stopped: the time budget" in r.stdout or "every task exhausted" in r.stdout, r.stdout[-500:]
     if "stopped: the time budget" in r.stdout:
         # spent, not overrun: the search stops when what is left is what verifying every task's
-        # best and compiling the model take (it used to run to 45 s and verify after it)
-        assert 45 / 2 <= doc["tuning_s"] <= 50, doc["tuning_s"]
+        # best and compiling the model take (it used to run to the budget and verify after it)
+        assert 30 / 2 <= doc["tuning_s"] <= 35, doc["tuning_s"]
     assert "Share" in r.stdout  # each task's share of the model's time
     assert so.stat().st_size > 0
     assert not [p.name for p in tmp_path.iterdir() if "partial" in p.name or p.name.endswith(".tmp")]  # renamed whole
