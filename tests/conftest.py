@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
 
 import pytest
 import tvm
@@ -14,6 +16,23 @@ from stormdrop import _tvm, _tvm_json
 def _private_db(tmp_path, monkeypatch):
     """Never touch the user's database from a test."""
     monkeypatch.setenv("STORMDROP_DB", os.fspath(tmp_path / "default.db"))
+
+
+@pytest.fixture(autouse=True)
+def _alone_when_timed(request):
+    """In several test processes (pytest-xdist, as scripts/test.sh runs them), a test marked
+    ``alone`` (its assertions read timings: a re-timed latency, what a time budget allows) runs
+    while no other test does; the others share. One process: nothing to do."""
+    uid = getattr(request.config, "workerinput", {}).get("testrun_uid")
+    if uid is None:
+        yield
+        return
+    fd = os.open(os.path.join(tempfile.gettempdir(), f"stormdrop-tests-{uid}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if request.node.get_closest_marker("alone") else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # the lock goes with the descriptor
 
 
 @pytest.fixture(scope="module")

@@ -210,6 +210,7 @@ def test_a_models_tasks_are_timed_cold_on_a_cpu_and_a_kernel_warm_unless_said():
     assert MeasureConfig(cache_flush=True).for_kernels().cache_flush is True
 
 
+@pytest.mark.alone
 def test_a_cold_timing_gives_one_flushed_run_per_sample(kernel):
     with Gateway(host_target(), MeasureConfig(repeat=4, min_repeat_ms=1000, cache_flush=True)) as gw:
         gw.prepare(KEY, kernel.mod)

@@ -85,6 +85,7 @@ def test_workers_exit_when_their_tuner_is_killed(tmp_path: Path) -> None:
     assert not [w for w in workers if _alive(w)]
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("sig,code,word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
 def test_ctrl_c_and_sigterm_stop_the_tune_with_one_line_and_keep_its_records(tmp_path: Path, sig, code,
                                                                               word) -> None:
