@@ -23,7 +23,7 @@ def _alone_when_timed(request):
     """In several test processes (pytest-xdist, as scripts/test.sh runs them), a test marked
     ``alone`` (its assertions read timings: a re-timed latency, what a time budget allows) runs
     while no other test does; the others share. One process: nothing to do."""
-    uid = getattr(request.config, "workerinput", {}).get("testrun_uid")
+    uid = getattr(request.config, "workerinput", {}).get("testrunuid")
     if uid is None:
         yield
         return
