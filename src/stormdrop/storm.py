@@ -205,7 +205,7 @@ class Storm:
         if self._prior:
             # Reuse's transfers do not end it: evolving from a few transferred schedules (the only
             # measured members of the population) can keep a storm in their basin (nearly every
-            # candidate with the donor's column tile, RESULTS "Storm after reuse"); a first batch of
+            # candidate with the donor's column tile, README "Storm after reuse"); a first batch of
             # the prior's picks among random samples shows the model, and the population, the rest
             # of the space.
             return self.explored == 0
