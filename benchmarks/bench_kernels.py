@@ -24,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 
 KERNELS = {  # short name -> stormdrop spec (batch 1)
     "r18_c2": "conv2d:N=1,C=64,H=56,W=56,K=64,R=3,S=3,stride=1,pad=1",  # ResNet-18 conv2_x 3x3
@@ -155,6 +156,7 @@ def tune_all(kernel, target, args, seed: int) -> dict[str, dict]:
             res["stormdrop"] = {"mod": mod, "tuning_s": wall, "trials": total,
                                 "self_latency_s": task.latency_s, "trial_counts": dict(task.trials)}
         except Exception as err:  # noqa: BLE001 - one failure is a cell, the benchmark goes on
+            traceback.print_exc()
             res["stormdrop"] = {"status": f"failed: {short(err)}", "tuning_s": time.monotonic() - t0}
         progress(kernel.name, "stormdrop", res["stormdrop"], seed)
     runs = [("ms_same", total, False)]
@@ -167,6 +169,7 @@ def tune_all(kernel, target, args, seed: int) -> dict[str, dict]:
         try:
             res[name] = run_meta_schedule(kernel.mod, target, trials, seed, post)
         except Exception as err:  # noqa: BLE001
+            traceback.print_exc()  # the table cell keeps one line; the log keeps the whole reason
             res[name] = {"status": f"failed: {short(err)}", "tuning_s": time.monotonic() - t0}
         res[name]["budget"] = trials
         progress(kernel.name, name, res[name], seed)
