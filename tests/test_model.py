@@ -45,6 +45,7 @@ def tiny_net(path, op="Relu"):
     return path
 
 
+@pytest.mark.alone  # it compares kernel times in the model with the tuned ones
 def test_tiny_onnx_network_tuned_compiled_and_matched(tmp_path):
     path = tiny_net(str(tmp_path / "tiny.onnx"))
     out = tmp_path / "tiny.so"
