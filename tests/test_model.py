@@ -248,9 +248,10 @@ def test_a_small_trial_cap_leaves_the_raindrop_its_share(tmp_path):
 def test_cli_time_budget_keeps_tuning_past_the_per_task_cap(tmp_path):
     """--time-budget alone: a task at its --trials-per-task cap is not a reason to stop with time
     left; the costliest tasks get more rounds until the budget is spent. The .so export is quiet."""
+    budget_s = 30  # it runs alone (marked): no second test process takes the cores
     path = tiny_net(str(tmp_path / "tiny.onnx"))
     js, so = tmp_path / "t.json", tmp_path / "t.so"
-    r = subprocess.run([sys.executable, "-m", "stormdrop", "tune", "--model", path, "--time-budget", "45",
+    r = subprocess.run([sys.executable, "-m", "stormdrop", "tune", "--model", path, "--time-budget", str(budget_s),
                         "--trials-per-task", "2", "--db", str(tmp_path / "t.db"), "--output", str(so),
                         "--json", str(js), "--no-progress"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
@@ -261,7 +262,7 @@ def test_cli_time_budget_keeps_tuning_past_the_per_task_cap(tmp_path):
     if "stopped: the time budget" in r.stdout:
         # spent, not overrun: the search stops when what is left is what verifying every task's
         # best and compiling the model take (it used to run to the budget and verify after it)
-        assert 45 / 2 <= doc["tuning_s"] <= 50, doc["tuning_s"]
+        assert budget_s / 2 <= doc["tuning_s"] <= budget_s + 5, doc["tuning_s"]
     assert "Share" in r.stdout  # each task's share of the model's time
     assert so.stat().st_size > 0
     assert not [p.name for p in tmp_path.iterdir() if "partial" in p.name or p.name.endswith(".tmp")]  # renamed whole
