@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from stormdrop.tracker import RpcConfig
+from stormdrop.measure.tracker import RpcConfig
 
 
 def free_port() -> int:
@@ -57,7 +57,7 @@ class Loopback:
                            f"server{self.n}")
 
     def wait_free(self, n: int, timeout: float = 60) -> None:
-        from stormdrop.tracker import (
+        from stormdrop.measure.tracker import (
             free_devices,  # (knocks on the port first: TVM's connect retries a minute)
         )
 

@@ -77,10 +77,10 @@ def pinned_host() -> tuple[Any, str]:
 def tuned_best(kernel: Any, target: Any, trials: int, path: str, seed: int, **tune_kw: Any) -> tuple[dict, Any]:
     """Tune ``kernel`` (``trials`` storm + as many raindrop) into the database ``path``: its row
     (stored latency, tuning seconds, trials) and its best schedule, replayed on the workload."""
-    from stormdrop import _tvm_json
-    from stormdrop.database import Database
-    from stormdrop.kernel_tune import tune_kernel
+    from stormdrop.storage.database import Database
     from stormdrop.target import canonical
+    from stormdrop.tuning.kernel_tune import tune_kernel
+    from stormdrop.tvm_compat import trace_json as _tvm_json
 
     t = tune_kernel(kernel, target=target, trials=trials, exploit_trials=trials, db=path, seed=seed, **tune_kw).tasks[0]
     with Database(path) as db:
@@ -95,7 +95,7 @@ def retime_in_turns(target: Any, variants: dict[str, tuple[str, Any, Any]], roun
     for ``rounds`` rounds: the median (s), ``None`` when no run succeeded. ``variants``: name ->
     (workload key, workload module, scheduled module); ``measure``: the gateway's
     ``MeasureConfig`` (default: its own)."""
-    from stormdrop.measure import Gateway
+    from stormdrop.measure.gateway import Gateway
 
     times: dict[str, list[float]] = {n: [] for n in variants}
     with Gateway(target, measure) as gw:
@@ -134,7 +134,7 @@ def quiet_meta_schedule() -> None:
     logging.getLogger(MS_LOGGER).setLevel(logging.WARNING)
 
 
-from stormdrop._tvm import load_tensor_intrinsics  # noqa: E402
+from stormdrop.tvm_compat.patches import load_tensor_intrinsics  # noqa: E402
 
 
 def meta_schedule_model(model: Any, target: Any, trials: int, seed: int, batch: int, lowering: Any,
@@ -145,7 +145,7 @@ def meta_schedule_model(model: Any, target: Any, trials: int, seed: int, batch: 
     database, tuning seconds: extraction and search)."""
     import tvm.s_tir.meta_schedule as ms
 
-    from stormdrop.model_tune import extract_tasks
+    from stormdrop.model.tune import extract_tasks
 
     quiet_meta_schedule()
     builder = ms.builder.LocalBuilder(timeout_sec=60.0, initializer=functools.partial(load_tensor_intrinsics, "llvm"))

@@ -140,8 +140,8 @@ def tune_all(kernel, target, args, seed: int) -> dict[str, dict]:
     """Run every tuner on one kernel, one after another; each failure becomes a cell."""
     from _peers import run_meta_schedule, short
 
-    from stormdrop import _tvm_json
-    from stormdrop.kernel_tune import tune_kernel
+    from stormdrop.tuning.kernel_tune import tune_kernel
+    from stormdrop.tvm_compat import trace_json as _tvm_json
 
     res: dict[str, dict] = {}
     total = args.trials + args.exploit_trials  # MetaSchedule's budget when stormdrop fails
@@ -273,10 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         pin_threads(args.threads or physical_cores())
     from _peers import machine, short, vendor_latency
 
-    from stormdrop import _tvm
     from stormdrop.errors import SpecError
-    from stormdrop.measure import Gateway, MeasureConfig
+    from stormdrop.measure.gateway import Gateway, MeasureConfig
     from stormdrop.target import canonical, parse_target, physical_cores
+    from stormdrop.tvm_compat import patches as _tvm
     from stormdrop.workloads import kernel_args, parse_kernel
 
     try:

@@ -39,17 +39,17 @@ def main(argv: list[str] | None = None) -> int:
     from _peers import machine, publish
     from bench_kernels import pin_threads
 
-    from stormdrop.database import Database
-    from stormdrop.lowering import Lowering
-    from stormdrop.model_bench import tuned_build
-    from stormdrop.model_run import (
+    from stormdrop.lowering.pipeline import Lowering
+    from stormdrop.model.bench import tuned_build
+    from stormdrop.model.run import (
         max_abs_diff,
         num_cores,
         random_inputs,
         run_model,
     )
-    from stormdrop.model_tune import tune_model
-    from stormdrop.runtimes import run_onnxruntime
+    from stormdrop.model.runtimes import run_onnxruntime
+    from stormdrop.model.tune import tune_model
+    from stormdrop.storage.database import Database
     from stormdrop.target import canonical, host_target, physical_cores
     from stormdrop.workloads.models import load_model
 

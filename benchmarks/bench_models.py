@@ -4,7 +4,7 @@ Runtime and OpenVINO.
 One model at a time, one tuner at a time, on one target string. Every compiled
 model runs on the same random inputs in this process (TVM on the target's
 cores, ONNX Runtime and OpenVINO with as many threads, OpenVINO at fp32 precision
-with the latency hint: ``stormdrop.runtimes``); a build whose output differs
+with the latency hint: ``stormdrop.model.runtimes``); a build whose output differs
 from ONNX Runtime's is reported as "wrong", never as a latency. Ratios > 1 mean
 stormdrop is faster. ``--models`` takes zoo names and ``.onnx`` paths (e.g. the
 networks written by ``benchmarks/export_networks.py``).
@@ -78,8 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run_ms(model, target, trials: int, seed: int, batch: int, layout: str, winograd: str) -> dict:
     from _peers import meta_schedule_model
 
-    from stormdrop.lowering import Lowering
-    from stormdrop.model_run import compile_model
+    from stormdrop.lowering.pipeline import Lowering
+    from stormdrop.model.run import compile_model
 
     with tempfile.TemporaryDirectory(prefix="bench-ms-") as work_dir:
         fused, db, tuning_s = meta_schedule_model(model, target, trials, seed, batch, Lowering(layout, winograd=winograd),
@@ -91,11 +91,10 @@ def run_ms(model, target, trials: int, seed: int, batch: int, layout: str, winog
 def bench_one(name: str, args: argparse.Namespace, target) -> dict:
     from _peers import short
 
-    from stormdrop.database import Database
-    from stormdrop.lowering import Lowering
-    from stormdrop.measure import MeasureConfig
-    from stormdrop.model_bench import task_times_in_model, tuned_build
-    from stormdrop.model_run import (
+    from stormdrop.lowering.pipeline import Lowering
+    from stormdrop.measure.gateway import MeasureConfig
+    from stormdrop.model.bench import task_times_in_model, tuned_build
+    from stormdrop.model.run import (
         interleaved,
         max_abs_diff,
         model_timer,
@@ -103,8 +102,9 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
         random_inputs,
         run_model,
     )
-    from stormdrop.model_tune import tune_model
-    from stormdrop.runtimes import onnxruntime_timer, openvino_timer
+    from stormdrop.model.runtimes import onnxruntime_timer, openvino_timer
+    from stormdrop.model.tune import tune_model
+    from stormdrop.storage.database import Database
     from stormdrop.workloads.models import load_model
     from stormdrop.workloads.zoo import SEQUENCE_MODELS
 
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
 
     pin_threads(physical_cores())
     if args.storm_split == "half":  # the split before issue 40, for its A/B only
-        import stormdrop.model_tune as model_tune
+        import stormdrop.model.tune as model_tune
 
         model_tune.storm_share = lambda trials, num_tasks, trials_per_task, first: max(1, trials_per_task // 2)
         model_tune.first_batch_size = lambda trials, n, batch: (

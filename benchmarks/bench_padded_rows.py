@@ -41,7 +41,7 @@ def kernel(m: int, k: int, n: int, rows: int):
     import tvm
     from tvm import te
 
-    from stormdrop.padded_rows import crop_rows, matmul_rows
+    from stormdrop.lowering.padded_rows import crop_rows, matmul_rows
     from stormdrop.workloads import Kernel
 
     x = te.placeholder((1, m, k), "float32", name="x")
@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _peers import machine, pinned_host, publish, tuned_and_retimed
 
-    from stormdrop.measure import MeasureConfig
-    from stormdrop.padded_rows import padded
+    from stormdrop.lowering.padded_rows import padded
+    from stormdrop.measure.gateway import MeasureConfig
 
     target, key = pinned_host()
     cold = MeasureConfig(cache_flush=True)

@@ -40,7 +40,7 @@ def kernel(variant: str, h: int, c: int):
     import tvm
     from tvm import te, topi
 
-    from stormdrop.reductions import weighted_sum
+    from stormdrop.lowering.reductions import weighted_sum
     from stormdrop.workloads import Kernel
 
     x = te.placeholder((1, h, h, c), "float32", name="x")

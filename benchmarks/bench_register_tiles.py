@@ -47,11 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _peers import machine, pinned_host, publish
 
-    from stormdrop import _tvm_json
-    from stormdrop.database import Database
-    from stormdrop.kernel_tune import tune_kernel
-    from stormdrop.measure import Gateway
-    from stormdrop.raindrop import RaindropConfig
+    from stormdrop.measure.gateway import Gateway
+    from stormdrop.search.raindrop import RaindropConfig
+    from stormdrop.storage.database import Database
+    from stormdrop.tuning.kernel_tune import tune_kernel
+    from stormdrop.tvm_compat import trace_json as _tvm_json
     from stormdrop.workloads import parse_kernel
 
     target, key = pinned_host()

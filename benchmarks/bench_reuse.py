@@ -104,7 +104,7 @@ def load(name: str, args: argparse.Namespace):
 
 
 def one_pair(donor: str, target_name: str, args: argparse.Namespace, target, db_dir: str) -> dict:
-    from stormdrop.model_tune import tune_model
+    from stormdrop.model.tune import tune_model
     from stormdrop.records import Phase
 
     def tuned(model, db: str, **kw) -> tuple[float, float]:
@@ -161,7 +161,7 @@ def one_pair(donor: str, target_name: str, args: argparse.Namespace, target, db_
     if args.ms:
         from _peers import meta_schedule_for
 
-        from stormdrop.database import Database
+        from stormdrop.storage.database import Database
 
         with Database(os.path.join(db_dir, f"{target_name}_scratch.db")) as d:
             measured = sum(len(d.records(w.workload_id)) for w in d.workloads())
@@ -182,7 +182,7 @@ def storm_config(text: str):
     """A StormConfig with the ``FIELD=VALUE,...`` of ``text`` (ints where the default is one)."""
     import dataclasses
 
-    from stormdrop.storm import StormConfig
+    from stormdrop.search.storm import StormConfig
 
     base, fields = StormConfig(), {}
     for item in filter(None, (x.strip() for x in text.split(","))):
@@ -203,7 +203,7 @@ def earlier(args: argparse.Namespace, db_dir: str, donor: str, target_name: str)
     found = all(os.path.exists(os.path.join(db_dir, f)) for f in (f"{donor}.db", f"{target_name}_scratch.db"))
     if not (pairs and found):
         return None
-    from stormdrop.database import Database
+    from stormdrop.storage.database import Database
 
     with Database(os.path.join(db_dir, f"{target_name}_scratch.db")) as d:  # tune_model's own figure
         note = d.model_notes().get(target_name, {})
@@ -214,9 +214,8 @@ def timed(out: dict, args: argparse.Namespace, target, db_dir: str) -> dict:
     """``out`` (one pair's tuning) with every peer's latency, timed in turns, and the fractions."""
     import tvm
 
-    from stormdrop.database import Database
-    from stormdrop.model_bench import tuned_build
-    from stormdrop.model_run import (
+    from stormdrop.model.bench import tuned_build
+    from stormdrop.model.run import (
         interleaved,
         max_abs_diff,
         model_timer,
@@ -224,7 +223,8 @@ def timed(out: dict, args: argparse.Namespace, target, db_dir: str) -> dict:
         random_inputs,
         run_model,
     )
-    from stormdrop.runtimes import onnxruntime_timer
+    from stormdrop.model.runtimes import onnxruntime_timer
+    from stormdrop.storage.database import Database
 
     model = load(out["target"], args)
     inputs = random_inputs(model, args.seed)
@@ -236,8 +236,8 @@ def timed(out: dict, args: argparse.Namespace, target, db_dir: str) -> dict:
         if key == "ms":  # (e): MetaSchedule's JSON database, compiled as stormdrop compiles its own
             import tvm.s_tir.meta_schedule as ms
 
-            from stormdrop.model_run import compile_model
-            from stormdrop.model_tune import extract_tasks
+            from stormdrop.model.run import compile_model
+            from stormdrop.model.tune import extract_tasks
 
             fused, _ = extract_tasks(model, target)
             mdb = ms.database.JSONDatabase(work_dir=os.path.join(db_dir, f"{out['target']}_ms"))

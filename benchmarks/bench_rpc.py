@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="append the table to this Markdown file")
     args = p.parse_args(argv)
 
-    from stormdrop.measure import Gateway, MeasureConfig
-    from stormdrop.storm import Storm, StormConfig
+    from stormdrop.measure.gateway import Gateway, MeasureConfig
+    from stormdrop.search.storm import Storm, StormConfig
     from stormdrop.target import canonical, host_target
     from stormdrop.workloads import parse_kernel
 

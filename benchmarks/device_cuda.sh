@@ -39,7 +39,7 @@ import tvm
 dev = tvm.cuda(0)
 print("tvm", tvm.__version__, "cuda runtime", tvm.runtime.enabled("cuda"), "GPU", dev.exist,
       dev.device_name, dev.compute_version, dev.multi_processor_count, "SMs")
-from stormdrop import _nvrtc
+from stormdrop.tvm_compat import nvrtc as _nvrtc
 print("CUDA roots", _nvrtc._cuda_roots())
 try:
     print("NVRTC headers", _nvrtc.cuda_headers())

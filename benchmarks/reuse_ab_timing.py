@@ -29,15 +29,15 @@ def main(argv: list[str] | None = None) -> int:
     from stormdrop.target import host_target, physical_cores
 
     pin_threads(physical_cores())
-    from stormdrop.database import Database
-    from stormdrop.model_bench import tuned_build
-    from stormdrop.model_run import (
+    from stormdrop.model.bench import tuned_build
+    from stormdrop.model.run import (
         interleaved,
         model_timer,
         num_cores,
         random_inputs,
     )
-    from stormdrop.runtimes import onnxruntime_timer
+    from stormdrop.model.runtimes import onnxruntime_timer
+    from stormdrop.storage.database import Database
     from stormdrop.target import canonical
     from stormdrop.workloads.models import load_model
 

@@ -19,7 +19,7 @@ import sys
 
 def bests(path: str, model: str) -> dict[str, tuple[int, float | None]]:
     """Task name -> (weight, best valid mean seconds or None) in the database ``path``."""
-    from stormdrop.database import Database
+    from stormdrop.storage.database import Database
 
     with Database(path) as d:
         tasks = d.model_notes()[model]["tasks"]

@@ -9,7 +9,8 @@ import tvm
 import tvm.s_tir.meta_schedule as ms
 from dbutil import TARGET, matmul_mod
 
-from stormdrop import _tvm, _tvm_json
+from stormdrop.tvm_compat import patches as _tvm
+from stormdrop.tvm_compat import trace_json as _tvm_json
 
 
 @pytest.fixture(autouse=True)

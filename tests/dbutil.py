@@ -13,9 +13,9 @@ import tvm.s_tir.meta_schedule as ms
 from tvm import te
 from tvm.target import Target
 
-from stormdrop import _tvm_json
-from stormdrop.database import Database, candidate_key, canonical_target
 from stormdrop.records import ErrorKind, MeasureResult, Phase, Record
+from stormdrop.storage.database import Database, candidate_key, canonical_target
+from stormdrop.tvm_compat import trace_json as _tvm_json
 
 TARGET = Target({"kind": "llvm", "num-cores": 2})
 TARGET_KEY = canonical_target(TARGET)
@@ -93,7 +93,7 @@ def stored_rows(db_path):
 
 def one_record_exported(tmp_path: Path, mod, traces) -> tuple[Path, Path, list[str]]:
     """A database with one record, its MetaSchedule export and the database's dump."""
-    from stormdrop.database import export_metaschedule
+    from stormdrop.storage.database import export_metaschedule
 
     path = tmp_path / "keep.db"
     with Database(path) as db:

@@ -8,11 +8,11 @@ import tvm
 import tvm.s_tir.meta_schedule as ms
 from tvm import relax
 
-from stormdrop import attention
-from stormdrop.lowering import Lowering
-from stormdrop.model_run import apply_records, max_abs_diff, random_inputs, run_model
-from stormdrop.model_tune import extract_tasks
-from stormdrop.runtimes import run_onnxruntime
+from stormdrop.lowering import attention
+from stormdrop.lowering.pipeline import Lowering
+from stormdrop.model.run import apply_records, max_abs_diff, random_inputs, run_model
+from stormdrop.model.runtimes import run_onnxruntime
+from stormdrop.model.tune import extract_tasks
 from stormdrop.target import parse_target
 from stormdrop.workloads._onnx_builder import GraphBuilder
 from stormdrop.workloads.models import from_onnx_model

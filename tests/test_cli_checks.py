@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stormdrop.cli import _write_json, main
+from stormdrop.cli.main import _write_json, main
 
 KERNEL = ["tune", "--kernel", "matmul:M=4,N=4,K=4", "--trials", "2", "--no-progress"]
 

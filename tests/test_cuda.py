@@ -10,11 +10,12 @@ import pytest
 import tvm
 from test_model import tiny_net
 
-from stormdrop import _nvrtc, _worker
-from stormdrop.model_tune import extract_tasks
-from stormdrop.space import DecisionSpace
-from stormdrop.storm import Storm, StormConfig
+from stormdrop.measure import _worker
+from stormdrop.model.tune import extract_tasks
+from stormdrop.search.space import DecisionSpace
+from stormdrop.search.storm import Storm, StormConfig
 from stormdrop.target import parse_target
+from stormdrop.tvm_compat import nvrtc as _nvrtc
 from stormdrop.workloads import parse_kernel
 from stormdrop.workloads.models import load_model
 
@@ -113,9 +114,9 @@ needs_gpu = pytest.mark.skipif(not _gpu_visible(), reason="needs an NVIDIA GPU v
 def test_a_cuda_kernel_is_tuned_on_the_gpu_and_its_best_computes_the_right_answer(tmp_path):
     import numpy as np
 
-    from stormdrop import _tvm_json
-    from stormdrop.database import Database
-    from stormdrop.kernel_tune import tune_kernel
+    from stormdrop.storage.database import Database
+    from stormdrop.tuning.kernel_tune import tune_kernel
+    from stormdrop.tvm_compat import trace_json as _tvm_json
 
     spec = "matmul:M=256,N=256,K=256"
     db = tmp_path / "gpu.db"

@@ -14,15 +14,15 @@ import tvm_ffi
 from dbutil import SECS, TARGET, TARGET_KEY, args_info_json, fill, make_record, matmul_mod
 from tvm.target import Target
 
-from stormdrop._schema import SCHEMA_VERSION
-from stormdrop.database import (
+from stormdrop.errors import DatabaseError
+from stormdrop.records import ErrorKind, MeasureResult, Phase
+from stormdrop.report.tables import format_best_table
+from stormdrop.storage._schema import SCHEMA_VERSION
+from stormdrop.storage.database import (
     Database,
     candidate_key,
     canonical_target,
 )
-from stormdrop.errors import DatabaseError
-from stormdrop.records import ErrorKind, MeasureResult, Phase
-from stormdrop.report import format_best_table
 
 
 def test_schema_created(tmp_path: Path) -> None:
@@ -248,7 +248,7 @@ def test_a_dead_owners_claims_lapse_and_a_live_ones_hold(tmp_path: Path) -> None
     import sys
     import time
 
-    from stormdrop._claims import CLAIM_STALE_S
+    from stormdrop.storage._claims import CLAIM_STALE_S
 
     host = socket.gethostname()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -312,7 +312,7 @@ def test_a_live_owners_claims_are_kept_fresh_without_commits(tmp_path: Path, mon
     refreshing stops."""
     import time
 
-    from stormdrop import _claims
+    from stormdrop.storage import _claims
 
     monkeypatch.setattr(_claims, "HEARTBEAT_S", 0.05)
     clock = [time.time()]
@@ -337,7 +337,7 @@ def test_a_live_owners_claims_are_kept_fresh_without_commits(tmp_path: Path, mon
 def test_a_forked_process_is_an_owner_of_its_own() -> None:
     import os
 
-    from stormdrop.tune import owner
+    from stormdrop.tuning.task import owner
 
     me = owner()
     read, write = os.pipe()

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from test_fastmath import libm_calls
 
-from stormdrop.model_run import random_inputs, run_model
-from stormdrop.model_tune import tune_model
-from stormdrop.runtimes import run_onnxruntime
+from stormdrop.model.run import random_inputs, run_model
+from stormdrop.model.runtimes import run_onnxruntime
+from stormdrop.model.tune import tune_model
 from stormdrop.target import parse_target
 from stormdrop.workloads.models import load_model
 
@@ -59,7 +59,7 @@ def test_mobilenet_v3s_hard_activations_stay_nhwc():
     """HardSigmoid and HardSwish as Relax max/min: in NHWC only the input's and the head's
     transposes are left (with relax.op.clip each SE gate and hardswish was a kernel with
     transposes inside: 68 tasks instead of 52)."""
-    from stormdrop.model_tune import extract_tasks
+    from stormdrop.model.tune import extract_tasks
 
     _, tasks = extract_tasks(load_model(str(FIXTURES / "tv_mobilenet_v3.onnx")), TARGET)
     names = [k.name for k, _ in tasks]

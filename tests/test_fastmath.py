@@ -15,9 +15,9 @@ import tvm.s_tir.meta_schedule as ms
 from onnx import TensorProto
 from onnx import helper as oh
 
-from stormdrop.lowering import Lowering
-from stormdrop.model_run import apply_records, run_model
-from stormdrop.runtimes import run_onnxruntime
+from stormdrop.lowering.pipeline import Lowering
+from stormdrop.model.run import apply_records, run_model
+from stormdrop.model.runtimes import run_onnxruntime
 from stormdrop.target import parse_target
 from stormdrop.workloads.models import from_onnx_model
 

@@ -23,9 +23,10 @@ from dbutil import dump, fill
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stormdrop import _tvm, _tvm_json
-from stormdrop.cli import main
-from stormdrop.database import Database, export_metaschedule
+from stormdrop.cli.main import main
+from stormdrop.storage.database import Database, export_metaschedule
+from stormdrop.tvm_compat import patches as _tvm
+from stormdrop.tvm_compat import trace_json as _tvm_json
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "20"))
 TALLY: dict[str, int] = {}

@@ -13,9 +13,9 @@ import tvm
 import tvm_ffi
 from dbutil import TARGET, dump, fill, one_record_exported, stormdrop_cli
 
-from stormdrop import _tvm_json
-from stormdrop.cli import main
-from stormdrop.database import Database
+from stormdrop.cli.main import main
+from stormdrop.storage.database import Database
+from stormdrop.tvm_compat import trace_json as _tvm_json
 
 
 def _graph(mod) -> dict:
@@ -170,8 +170,9 @@ def test_a_trace_that_crashes_tvm_is_refused_by_import_and_export_with_one_line(
 def test_a_child_that_tvm_kills_is_one_line_naming_what_it_read(monkeypatch) -> None:
     """Import and export replay traces in a child process (``isolated``): a crash the checks do not
     foresee is the child's death, one ``DatabaseError`` line naming the entry it was reading."""
-    from stormdrop import isolated, workers
     from stormdrop.errors import DatabaseError
+    from stormdrop.measure import workers
+    from stormdrop.tvm_compat import isolated
 
     monkeypatch.setattr(workers, "child_entry", lambda *a: (
         "import os, signal; print('at: f.json line 3', flush=True); os.kill(os.getpid(), signal.SIGSEGV)"))
@@ -183,7 +184,7 @@ def test_a_child_that_tvm_kills_is_one_line_naming_what_it_read(monkeypatch) -> 
 def test_an_export_whose_child_is_killed_leaves_no_files(tmp_path: Path, mod, traces, monkeypatch, capsys) -> None:
     """The export's child writes into a hidden folder of ``--out`` and moves its files in at the
     end: killed before that, the command is one line and the folder is gone."""
-    from stormdrop import workers
+    from stormdrop.measure import workers
 
     path, _, before = one_record_exported(tmp_path, mod, traces)
     out = tmp_path / "out"
@@ -201,7 +202,7 @@ def test_reuse_skips_a_donor_trace_that_would_crash_tvm(mod, traces) -> None:
     TVM would crash on gives no transfer, and the tuning goes on."""
     from tvm.s_tir.meta_schedule import TuneContext
 
-    from stormdrop import reuse
+    from stormdrop.search import reuse
     good = json.loads(traces[0])
     get = next(i for i in good[0] if i[0] == "GetSBlock")
     get[2][1] = None

@@ -14,18 +14,18 @@ import pytest
 import tvm
 import tvm.s_tir.meta_schedule as ms
 
-from stormdrop import fastmath
 from stormdrop.errors import SpecError
-from stormdrop.layout import channel_block, weight_transforms
-from stormdrop.lowering import Lowering
-from stormdrop.model_run import (
+from stormdrop.lowering import fastmath
+from stormdrop.lowering.layout import channel_block, weight_transforms
+from stormdrop.lowering.pipeline import Lowering
+from stormdrop.model.run import (
     apply_records,
     max_abs_diff,
     random_inputs,
     run_model,
 )
-from stormdrop.model_tune import extract_tasks
-from stormdrop.runtimes import run_onnxruntime
+from stormdrop.model.runtimes import run_onnxruntime
+from stormdrop.model.tune import extract_tasks
 from stormdrop.target import parse_target
 from stormdrop.workloads.models import load_model
 
@@ -98,7 +98,7 @@ def test_winograd_convolutions_match_onnxruntime_without_per_call_weight_transfo
 
 
 def test_winograd_needs_trials_a_small_cap_keeps_convolutions_direct():
-    from stormdrop.lowering import Lowering
+    from stormdrop.lowering.pipeline import Lowering
 
     auto = Lowering()
     assert auto.for_budget(128, 11).winograd == "off"  # 11 trials a task
@@ -109,7 +109,7 @@ def test_winograd_needs_trials_a_small_cap_keeps_convolutions_direct():
 
 
 def test_winograd_auto_keeps_small_images_and_few_channels_direct():
-    from stormdrop.winograd import choose_tile
+    from stormdrop.lowering.winograd import choose_tile
 
     assert choose_tile("auto", (56, 56), 64, 64) == 4
     assert choose_tile("auto", (14, 14), 256, 256) == 2
@@ -176,7 +176,7 @@ def test_weight_prepacks_fold_with_each_function_built_once(monkeypatch):
     # builds, 25 s of its compile); _tvm.fold_weight_prepacks builds each once, same constants
     from tvm import relax, te
 
-    from stormdrop import _tvm
+    from stormdrop.tvm_compat import patches as _tvm
 
     w = te.placeholder((4, 3), "float32", name="w")
     pack = te.create_prim_func([w, te.compute((3, 4), lambda i, j: w[j, i] * 2.0, name="packed")])
@@ -232,7 +232,7 @@ def _relax_matmuls(mod) -> int:
 
 
 def test_combined_qkv_projections_are_one_gemm_and_match_onnxruntime():
-    from stormdrop import _tvm
+    from stormdrop.tvm_compat import patches as _tvm
     from stormdrop.workloads import kernel_args
 
     model = _model("bert_base")  # 2 layers, hidden 768

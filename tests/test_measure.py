@@ -6,7 +6,7 @@ import pytest
 import tvm
 from tvm import te
 
-from stormdrop.measure import Gateway, MeasureConfig
+from stormdrop.measure.gateway import Gateway, MeasureConfig
 from stormdrop.records import ErrorKind
 from stormdrop.target import host_target
 from stormdrop.workloads import parse_kernel
@@ -85,7 +85,7 @@ def test_a_killed_builder_is_a_retryable_failure_and_the_next_build_runs(gateway
     """A build process that dies (the out-of-memory killer, a signal) is the machine's failure, not
     the candidate's: a retryable ``BUILDER_CRASH``, measured again by a later run; the builder is
     restarted for the next candidate."""
-    from stormdrop import workers
+    from stormdrop.measure import workers
 
     send = workers.Worker.send
 

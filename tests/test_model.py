@@ -14,12 +14,12 @@ import tvm.s_tir.meta_schedule as ms
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
-from stormdrop.database import Database
 from stormdrop.errors import SpecError
-from stormdrop.layout import weight_transforms
-from stormdrop.model_bench import deployed_keys
-from stormdrop.model_run import apply_records, commit_best, interleaved
-from stormdrop.model_tune import extract_tasks, tune_model
+from stormdrop.lowering.layout import weight_transforms
+from stormdrop.model.bench import deployed_keys
+from stormdrop.model.run import apply_records, commit_best, interleaved
+from stormdrop.model.tune import extract_tasks, tune_model
+from stormdrop.storage.database import Database
 from stormdrop.target import canonical, host_target
 from stormdrop.workloads.models import load_model, parse_input_shapes
 
@@ -138,7 +138,7 @@ def test_interleaved_peers_take_turns_and_report_medians():
 
 def test_bench_without_records_is_one_error_line(tmp_path):
     path = tiny_net(str(tmp_path / "tiny.onnx"))
-    from stormdrop.database import Database
+    from stormdrop.storage.database import Database
 
     Database(tmp_path / "empty.db").close()
     r = subprocess.run([sys.executable, "-m", "stormdrop", "bench", "--model", path, "--db", str(tmp_path / "empty.db")],
@@ -203,8 +203,8 @@ def test_a_small_trial_cap_tunes_direct_convolutions_and_bench_builds_them(tmp_p
     """A 48-channel 3x3 convolution at 28x28 is a Winograd kernel under --winograd auto, but 6
     trials over the model's tasks are too few to tune one: the tune keeps it direct, notes so,
     and `bench` (default lowering) compiles the tasks that were tuned, not Winograd ones."""
-    from stormdrop.lowering import Lowering
-    from stormdrop.model_bench import bench_model
+    from stormdrop.lowering.pipeline import Lowering
+    from stormdrop.model.bench import bench_model
 
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array((rng.standard_normal((48, 48, 3, 3)) * 0.05).astype("float32"), "w")
@@ -313,7 +313,7 @@ def test_a_killed_model_tune_resumes_losing_nothing_and_measuring_nothing_twice(
 
 def test_a_model_tune_times_its_candidates_cold_unless_told_not_to(tmp_path, monkeypatch):
     """tune --model on a CPU measures with the caches flushed; --no-cache-flush measures warm."""
-    import stormdrop.model_tune as model_tune
+    import stormdrop.model.tune as model_tune
 
     seen = []
 
@@ -326,7 +326,7 @@ def test_a_model_tune_times_its_candidates_cold_unless_told_not_to(tmp_path, mon
 
     monkeypatch.setattr(model_tune, "Gateway", spy)
     path = tiny_net(str(tmp_path / "tiny.onnx"))
-    from stormdrop.cli import main
+    from stormdrop.cli.main import main
 
     for flag in ([], ["--no-cache-flush"]):  # stopped where the gateway would start (an error line, exit 1)
         assert main(["tune", "--model", path, "--trials", "2", "--db", str(tmp_path / "c.db"), "--no-progress",

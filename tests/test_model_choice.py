@@ -6,10 +6,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from stormdrop import model_choice, model_run
-from stormdrop.database import candidate_key
-from stormdrop.model_choice import Deployable, choose
-from stormdrop.model_tune import model_compiles, ranked_candidates
+from stormdrop.model import choice as model_choice
+from stormdrop.model import run as model_run
+from stormdrop.model.choice import Deployable, choose
+from stormdrop.model.tune import model_compiles, ranked_candidates
+from stormdrop.storage.database import candidate_key
 
 
 def cands(n):

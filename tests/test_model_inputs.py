@@ -8,7 +8,7 @@ import tvm
 from tvm import relax
 
 from stormdrop import tune_model  # the public entry point, as the README uses it
-from stormdrop.model_run import run_model
+from stormdrop.model.run import run_model
 from stormdrop.target import host_target
 
 

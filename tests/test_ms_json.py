@@ -11,16 +11,16 @@ import tvm
 import tvm.s_tir.meta_schedule as ms
 from dbutil import SECS, TARGET, TARGET_KEY, dump, fill, matmul_mod, one_record_exported
 
-from stormdrop import _tvm_json
-from stormdrop.database import (
+from stormdrop.errors import DatabaseError
+from stormdrop.records import ErrorKind, Phase
+from stormdrop.storage.database import (
     Database,
     candidate_key,
     canonical_target,
     export_metaschedule,
     import_metaschedule,
 )
-from stormdrop.errors import DatabaseError
-from stormdrop.records import ErrorKind, Phase
+from stormdrop.tvm_compat import trace_json as _tvm_json
 
 
 def test_export_compile_tir(tmp_path: Path, mod, traces) -> None:
@@ -147,7 +147,7 @@ def test_a_malformed_trace_in_an_imported_file_is_refused_with_one_line(tmp_path
                                                                          corrupt, capsys) -> None:
     import json
 
-    from stormdrop.cli import main
+    from stormdrop.cli.main import main
 
     path, good, before = one_record_exported(tmp_path, mod, traces)
     index, rec = json.loads((good / "database_tuning_record.json").read_text().splitlines()[0])

@@ -7,9 +7,9 @@ import pytest
 import tvm
 from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
-from stormdrop import _worker
-from stormdrop.prepack import split
-from stormdrop.storm import Storm, StormConfig
+from stormdrop.lowering.prepack import split
+from stormdrop.measure import _worker
+from stormdrop.search.storm import Storm, StormConfig
 from stormdrop.target import host_target
 from stormdrop.workloads import parse_kernel
 

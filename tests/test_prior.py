@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import tvm
 
-from stormdrop import prior
-from stormdrop.storm import Storm, StormConfig, new_xgb_model
+from stormdrop.search import prior
+from stormdrop.search.storm import Storm, StormConfig, new_xgb_model
 from stormdrop.target import host_target
 from stormdrop.workloads import parse_kernel
 
@@ -50,7 +50,7 @@ def test_prior_ranks_held_out_kernels_better_than_chance():
     better than chance (Spearman 0) on average; measured 0.20 when the prior was built."""
     from scipy.stats import spearmanr
 
-    import stormdrop.storm as storm_mod
+    import stormdrop.search.storm as storm_mod
 
     groups = prior.load()
     rhos = []

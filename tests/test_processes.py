@@ -30,7 +30,7 @@ def _workers(parent: int) -> list[int]:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"stormdrop._worker" in cmdline:
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"stormdrop.measure._worker" in cmdline:
             found.append(int(entry))
     return found
 

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from stormdrop.raindrop import Raindrop, RaindropConfig, significantly_faster
 from stormdrop.records import MeasureResult, Phase
-from stormdrop.space import Candidate
+from stormdrop.search.raindrop import Raindrop, RaindropConfig, significantly_faster
+from stormdrop.search.space import Candidate
 
 
 class GridSpace:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from dbutil import fill, stormdrop_cli
 
-from stormdrop.database import Database
+from stormdrop.storage.database import Database
 
 
 def _state(d: Path) -> dict[str, str]:

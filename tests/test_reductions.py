@@ -9,12 +9,12 @@ import tvm
 import tvm.s_tir.meta_schedule as ms
 from tvm import relax
 
-from stormdrop import _tvm
-from stormdrop.layout import convert_layout
-from stormdrop.lowering import Lowering
-from stormdrop.model_run import apply_records, run_model
-from stormdrop.model_tune import extract_tasks
+from stormdrop.lowering.layout import convert_layout
+from stormdrop.lowering.pipeline import Lowering
+from stormdrop.model.run import apply_records, run_model
+from stormdrop.model.tune import extract_tasks
 from stormdrop.target import parse_target
+from stormdrop.tvm_compat import patches as _tvm
 from stormdrop.workloads.models import Model, load_model
 
 TARGET = parse_target(None)

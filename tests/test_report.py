@@ -14,9 +14,9 @@ import pytest
 from dbutil import TARGET_KEY, args_info_json, matmul_mod
 from test_model import tiny_net
 
-from stormdrop.database import Database, candidate_key
-from stormdrop.history import model_estimate, trials_of, trials_per_phase
 from stormdrop.records import ErrorKind, MeasureResult, Phase, Record
+from stormdrop.report.history import model_estimate, trials_of, trials_per_phase
+from stormdrop.storage.database import Database, candidate_key
 
 
 def _record(wid, mod, n, secs, phase, at, error=None):
@@ -172,7 +172,7 @@ def test_the_model_report_opens_in_chromium(tuned_tiny, tmp_path):
 def test_live_display_keeps_log_lines_above_its_block():
     import logging
 
-    from stormdrop.display import ModelDisplay, TaskLine, eta_s
+    from stormdrop.report.display import ModelDisplay, TaskLine, eta_s
 
     assert eta_s(10, 20.0, 30, 1e9) == 40.0 and eta_s(10, 20.0, float("inf"), 5.0) == 5.0
     assert eta_s(0, 0.0, float("inf"), float("inf")) is None

@@ -15,8 +15,8 @@ from dbutil import SPEC
 from dbutil import stored_rows as _rows
 from dbutil import stormdrop_cli as _stormdrop
 
-from stormdrop.database import Database
-from stormdrop.storm import Storm
+from stormdrop.search.storm import Storm
+from stormdrop.storage.database import Database
 from stormdrop.workloads import parse_kernel
 
 
@@ -70,8 +70,8 @@ def test_a_kernel_killed_in_its_raindrop_resumes_it_and_measures_nothing_twice(t
 def _donor_db(path, shapes):
     """A database of matmuls of ``shapes``, one (fake-timed) design-space sample each: reuse donors."""
     from stormdrop.records import MeasureResult, Phase, Record
-    from stormdrop.space import Candidate
-    from stormdrop.storm import make_context
+    from stormdrop.search.space import Candidate
+    from stormdrop.search.storm import make_context
     from stormdrop.target import canonical, host_target
 
     with Database(path) as db:
@@ -166,7 +166,7 @@ def test_a_kill_mid_batch_keeps_every_result_measured_before_it(tmp_path):
     """Results are committed as they arrive, not once the batch is done: a kill after 3 of a
     batch of 8 leaves those 3 in the database (it used to leave none of the 8)."""
     from stormdrop.target import host_target
-    from stormdrop.tune import TaskSession
+    from stormdrop.tuning.task import TaskSession
 
     kernel = parse_kernel(SPEC)
     storm = Storm(kernel.mod, host_target(), trials=8, seed=0)

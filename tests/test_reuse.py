@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import tvm
 
-from stormdrop import _tvm_json
-from stormdrop.database import Database
-from stormdrop.kernel_tune import tune_kernel
 from stormdrop.records import Phase
-from stormdrop.reuse import nearest_factorization, transfer
-from stormdrop.storm import StormConfig, make_context
+from stormdrop.search.reuse import nearest_factorization, transfer
+from stormdrop.search.storm import StormConfig, make_context
+from stormdrop.storage.database import Database
 from stormdrop.target import host_target
+from stormdrop.tuning.kernel_tune import tune_kernel
+from stormdrop.tvm_compat import trace_json as _tvm_json
 from stormdrop.workloads import kernel_args, parse_kernel
 
 
@@ -63,7 +63,7 @@ def test_transferred_conv_schedule_replays_and_computes_the_right_answer():
 def _stored_best(db, kernel, op_class, seed=0):
     """``kernel`` in ``db`` under ``op_class`` with one (fake-timed) record: a design-space sample."""
     from stormdrop.records import MeasureResult, Record
-    from stormdrop.space import Candidate
+    from stormdrop.search.space import Candidate
     from stormdrop.target import canonical
 
     entry = db.commit_workload(kernel.mod, name=kernel.name, op_class=op_class, flops=kernel.flops)
@@ -78,7 +78,7 @@ def test_a_donor_that_does_not_transfer_gives_its_place_to_the_next(tmp_path):
     """With one donor allowed, the nearest (a dense labelled as a matmul: its trace names
     blocks a matmul lacks) fails to transfer; the next-nearest matmul takes its place (it
     used to leave the reuse phase empty)."""
-    from stormdrop.reuse import transfers
+    from stormdrop.search.reuse import transfers
     from stormdrop.target import canonical
 
     with Database(tmp_path / "d.db") as db:
@@ -134,8 +134,8 @@ def donor_db(tmp_path_factory):
 def test_a_kernels_class_follows_its_blocks_layout_and_dtype_not_its_shapes():
     """Model tasks exchange schedules only within a class: the fused blocks (layout and epilogue
     included) and the dtype; shapes do not count, and donors come nearest shapes first."""
-    from stormdrop.model_tune import op_class
-    from stormdrop.reuse import shape_distance
+    from stormdrop.model.tune import op_class
+    from stormdrop.search.reuse import shape_distance
 
     def conv(c, h, layout="NCHW"):
         return parse_kernel(f"conv2d:N=1,C={c},H={h},W={h},K={c},R=3,S=3,stride=1,pad=1,layout={layout}").mod
@@ -181,7 +181,7 @@ def _conv_epilogue(c, h, residual, act="relu"):
     SiLU (as fast-math legalizes it) or ReLU6 (TOPI's blocks)."""
     from tvm import te, topi
 
-    from stormdrop.fastmath import _fast_sigmoid
+    from stormdrop.lowering.fastmath import _fast_sigmoid
 
     x = te.placeholder((1, h, h, c), name="x")
     w = te.placeholder((3, 3, c, c), name="w")
@@ -209,8 +209,8 @@ def test_a_donor_with_fewer_other_or_more_epilogues_transfers_and_computes_right
     epilogues paired from the output back), a conv + fast SiLU one (five epilogue blocks) to a conv +
     ReLU6 (three; the donor's extra inner ones left out of its trace); each transferred kernel computes
     the right answer."""
-    from stormdrop.model_tune import op_class
-    from stormdrop.reuse import related
+    from stormdrop.model.tune import op_class
+    from stormdrop.search.reuse import related
 
     donor = _conv_epilogue(16, 14, residual=False, act=donor_act)
     target = _conv_epilogue(24, 10, residual=residual, act=target_act)
@@ -230,8 +230,8 @@ def test_a_donor_with_fewer_other_or_more_epilogues_transfers_and_computes_right
 def test_which_classes_are_related():
     """Only kernels of one main operator and dtype exchange schedules; a donor with more epilogues
     than the task ranks last; numbers in block names do not count."""
-    from stormdrop.model_tune import op_class
-    from stormdrop.reuse import related
+    from stormdrop.model.tune import op_class
+    from stormdrop.search.reuse import related
 
     donor, target = _conv_epilogue(16, 14, residual=False), _conv_epilogue(24, 10, residual=True)
     assert related(op_class(target), op_class(donor)) == 3  # more epilogue blocks in the donor: last
@@ -248,8 +248,8 @@ def test_which_classes_are_related():
 
 
 def test_exact_class_donors_come_before_related_ones(tmp_path):
-    from stormdrop.model_tune import op_class
-    from stormdrop.reuse import donors
+    from stormdrop.model.tune import op_class
+    from stormdrop.search.reuse import donors
     from stormdrop.target import canonical
     from stormdrop.workloads import Kernel
 
@@ -287,8 +287,8 @@ def test_with_a_prior_reuse_measures_the_nearest_donors_best_then_what_the_prior
     measured (no more than there are donors). The default, transfer_pool=1: the nearest donors'
     best records, in donor order, no ranking."""
     from stormdrop.records import MeasureResult, Record
-    from stormdrop.space import Candidate
-    from stormdrop.storm import Storm, StormConfig
+    from stormdrop.search.space import Candidate
+    from stormdrop.search.storm import Storm, StormConfig
     from stormdrop.target import canonical
 
     ranked = []

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from test_reuse import _digest, donor_db  # noqa: F401 - the fixture, shared
 
-from stormdrop.database import Database
-from stormdrop.kernel_tune import tune_kernel
 from stormdrop.records import Phase
+from stormdrop.storage.database import Database
 from stormdrop.target import host_target
+from stormdrop.tuning.kernel_tune import tune_kernel
 from stormdrop.workloads import parse_kernel
 
 
@@ -64,8 +64,8 @@ def test_an_extension_without_a_storm_phase_starts_with_storm_samples(tmp_path, 
     """Under --phases reuse,raindrop a task given more time (``extend``: a time budget with time left)
     first measures --reuse's count of storm samples, then a raindrop from the best of everything: a
     raindrop again from the same best mostly converged at once, so the extension measured nothing."""
-    from stormdrop.measure import Gateway, MeasureConfig
-    from stormdrop.tune import TaskSession, TaskTuner
+    from stormdrop.measure.gateway import Gateway, MeasureConfig
+    from stormdrop.tuning.task import TaskSession, TaskTuner
 
     with Database(tmp_path / "ext.db") as db, Database(donor_db) as donors, \
             Gateway(host_target(), MeasureConfig(repeat=2, min_repeat_ms=1)) as gw:

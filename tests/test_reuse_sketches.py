@@ -8,10 +8,10 @@ import math
 import numpy as np
 from test_reuse import _conv_epilogue, _run, _stored_best
 
-from stormdrop import _tvm_json
-from stormdrop.database import Database
-from stormdrop.storm import make_context
+from stormdrop.search.storm import make_context
+from stormdrop.storage.database import Database
 from stormdrop.target import host_target
+from stormdrop.tvm_compat import trace_json as _tvm_json
 from stormdrop.workloads import kernel_args, parse_kernel
 
 
@@ -20,7 +20,7 @@ def test_a_donors_decisions_move_into_every_sketch_and_the_kernels_compute_right
     another shape its tile sizes in each of that workload's sketches: the one that computes the
     epilogue inside the tiles (ReverseComputeAt) too. Every kernel computes the right answer, and
     every tile is the donor's refitted to the new extents."""
-    from stormdrop.reuse import in_sketches
+    from stormdrop.search.reuse import in_sketches
 
     donor = _conv_epilogue(16, 14, residual=False, act="relu")
     target = _conv_epilogue(24, 10, residual=False, act="relu6")
@@ -49,7 +49,7 @@ def test_a_donors_decisions_move_into_every_sketch_and_the_kernels_compute_right
 def test_transfers_stop_at_the_donor_that_fills_the_budget(tmp_path):
     """With sketches each donor gives several transfers: once the groups hold ``enough``, no further
     donor is replayed (each costs a replay and the postprocessors)."""
-    from stormdrop.reuse import transfers
+    from stormdrop.search.reuse import transfers
     from stormdrop.target import canonical
 
     with Database(tmp_path / "d.db") as db:

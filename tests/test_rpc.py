@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from stormdrop.database import Database
-from stormdrop.kernel_tune import tune_kernel
-from stormdrop.measure import MeasureConfig
-from stormdrop.tracker import RpcConfig
+from stormdrop.measure.gateway import MeasureConfig
+from stormdrop.measure.tracker import RpcConfig
+from stormdrop.storage.database import Database
+from stormdrop.tuning.kernel_tune import tune_kernel
 
 KEY = "stormdrop-test"
 
@@ -153,7 +153,7 @@ def test_every_free_device_under_the_key_measures(tmp_path, two_devices):
     """Two servers under one key: the gateway starts a runner per free device and both time
     candidates (each server's log shows the modules it loaded); all results are committed."""
     rpc, logs = two_devices
-    from stormdrop.measure import Gateway
+    from stormdrop.measure.gateway import Gateway
     from stormdrop.target import host_target
 
     with Gateway(host_target(), MeasureConfig(rpc=rpc)) as g:
@@ -176,7 +176,7 @@ def test_a_model_tuned_through_the_tracker_is_timed_on_the_device(tmp_path, one_
     the server loads the model's library; ONNX Runtime still runs here."""
     from test_model import tiny_net
 
-    from stormdrop.model_tune import tune_model
+    from stormdrop.model.tune import tune_model
 
     rpc, (log,) = one_device
     result = tune_model(tiny_net(str(tmp_path / "tiny.onnx")), trials=6, trials_per_task=2, db=tmp_path / "m.db",
@@ -197,7 +197,7 @@ def test_a_models_remote_timings_outlive_the_rpc_session(tmp_path, one_device):
     import tvm
     from test_model import tiny_net
 
-    from stormdrop import model_run
+    from stormdrop.model import run as model_run
     from stormdrop.target import host_target
     from stormdrop.workloads.models import load_model
 
@@ -231,7 +231,7 @@ def test_a_model_timer_renewing_a_live_session_lets_go_of_the_old_one(tmp_path):
     import tvm
     from test_model import tiny_net
 
-    from stormdrop import model_run
+    from stormdrop.model import run as model_run
     from stormdrop.target import host_target
     from stormdrop.workloads.models import load_model
 
@@ -380,7 +380,7 @@ def test_a_device_that_registers_mid_run_joins_it(tmp_path):
 
         t = threading.Thread(target=start_late, daemon=True)
         t.start()
-        from stormdrop.cli import main
+        from stormdrop.cli.main import main
 
         code = main(["tune", "--kernel", "matmul:M=32,N=32,K=32", "--trials", "40", "--exploit-trials", "0",
                      "--db", str(tmp_path / "j.db"), "--seed", "0", "--json", str(tmp_path / "j.json"),

@@ -6,9 +6,9 @@ import numpy as np
 import tvm
 from test_fastmath import transcendental_model
 
-from stormdrop import model_run
-from stormdrop.model_run import max_abs_diff, side_by_side
-from stormdrop.runtimes import onnxruntime_timer, openvino_timer
+from stormdrop.model import run as model_run
+from stormdrop.model.run import max_abs_diff, side_by_side
+from stormdrop.model.runtimes import onnxruntime_timer, openvino_timer
 from stormdrop.target import parse_target
 from stormdrop.workloads.models import from_onnx_model
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from stormdrop.scheduler import GradientScheduler, TaskState
+from stormdrop.tuning.scheduler import GradientScheduler, TaskState
 
 
 def simulate(tasks, improve, rounds):
@@ -60,7 +60,7 @@ def test_history_is_monotone():
 
 
 def test_short_budget_shrinks_the_first_batch_so_every_task_is_reached():
-    from stormdrop.model_tune import first_batch_size
+    from stormdrop.model.tune import first_batch_size
 
     assert first_batch_size(320, 19, 16) is None  # 19 x 16 = 304 fit: full batches
     assert first_batch_size(256, 19, 16) == 6  # half of 256 / 19: the other half for raindrops
@@ -73,7 +73,7 @@ def test_short_budget_shrinks_the_first_batch_so_every_task_is_reached():
 def test_a_global_trial_cap_leaves_every_task_a_raindrop_share():
     """Each task's storm is half its per-task cap, or, where the global cap cannot give every task
     that cap, half of its share of the global cap: the other half is the raindrop's."""
-    from stormdrop.model_tune import first_batch_size, storm_share
+    from stormdrop.model.tune import first_batch_size, storm_share
 
     assert storm_share(None, 8, 128, None) == 64  # no global cap: half the per-task cap
     assert storm_share(4096, 8, 128, None) == 64  # a cap that gives every task its 128
@@ -125,7 +125,7 @@ def _one_builder(build_s, run_s):
 def test_a_resumed_drive_goes_on_with_the_tasks_an_earlier_run_never_reached(monkeypatch):
     # tasks 0 and 1 were measured by a killed run (finite best, 8 trials spent); task 2 never was.
     # With 4 trials left, the resumed run must give them to task 2, not restart the warm-up at task 0
-    from stormdrop import driver
+    from stormdrop.tuning import driver
 
     monkeypatch.setattr(driver, "verify_bests", lambda sessions: None)
     sessions = [_Session(2e-3), _Session(3e-3), _Session(math.inf)]
@@ -140,7 +140,7 @@ def test_a_time_budget_covers_the_verification_and_compile_after_the_search(monk
     # tasks are verified (10 s each) and the model is compiled (one 5-s build a task) after the
     # search, so a 100-s budget leaves the search until about 100 - 10 - 30 - 15 = 45 s (was: 100 s,
     # and the run ended at 145 s)
-    from stormdrop import driver
+    from stormdrop.tuning import driver
 
     clock = [0.0]
     monkeypatch.setattr(driver.time, "monotonic", lambda: clock[0])
@@ -173,7 +173,7 @@ def test_a_time_budget_reaches_every_task_before_its_reserve_stops_the_search(mo
     # (60 s: as when a first batch's wall time counted the builders' start-up). The reserve for
     # verifying and compiling afterwards then exceeds the whole budget; still every task gets its
     # first round (a task never reached runs as a naive loop nest) before the search stops
-    from stormdrop import driver
+    from stormdrop.tuning import driver
 
     clock = [0.0]
     monkeypatch.setattr(driver.time, "monotonic", lambda: clock[0])
@@ -200,7 +200,7 @@ def test_first_rounds_that_cannot_all_fit_shrink_so_the_run_ends_by_its_deadline
     # 160 s, the budget is 100 s. Every task is still reached (a task never reached runs naive), and
     # the later first rounds measure fewer candidates so that the search, its verification (1 s a
     # task) and the model's compile end by the deadline (before: first rounds were never cut: 170 s)
-    from stormdrop import driver
+    from stormdrop.tuning import driver
 
     clock = [0.0]
     monkeypatch.setattr(driver.time, "monotonic", lambda: clock[0])
@@ -233,7 +233,7 @@ def test_extensions_rotate_among_the_costliest_tasks():
     # with time left after every task is done, the task with the largest weight x latency over one more
     # than the extensions it had gets the next: one costly task no longer takes every extension (alexnet:
     # one dense layer got 59 raindrop trials while the 5x5 convolution, 2.4 of 4.2 ms lost, got none)
-    from stormdrop.driver import most_costly
+    from stormdrop.tuning.driver import most_costly
 
     states = [TaskState(1, 1e6, "dense"), TaskState(1, 1e6, "conv2d"), TaskState(1, 1e6, "pool")]
     for t, best in zip(states, (3e-3, 2e-3, 1e-3)):
@@ -249,7 +249,7 @@ def test_an_extension_starts_only_if_a_step_as_long_as_the_last_extension_fits(m
     # cost model, then its batch) 30 s. After one extension and 9 short steps, the last 8 steps say
     # 1 s; a second extension at 41 s of a 70.5-s budget would end past 71 s (resnet50's ended 4.9 s
     # past its budget): it is not started
-    from stormdrop import driver
+    from stormdrop.tuning import driver
 
     clock = [0.0]
     monkeypatch.setattr(driver.time, "monotonic", lambda: clock[0])

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_small import parse_cases  # noqa: E402
 from small_networks import HELD_OUT, NETWORKS, write  # noqa: E402
 
-from stormdrop.runtimes import run_onnxruntime  # noqa: E402
+from stormdrop.model.runtimes import run_onnxruntime  # noqa: E402
 from stormdrop.workloads.models import load_model  # noqa: E402
 
 SIDES = {"smallcnn": 64, "smallres": 96, "smallmb": 128}

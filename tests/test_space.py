@@ -8,10 +8,16 @@ import pytest
 import tvm
 from tvm import te, topi
 
-from stormdrop import _tvm_json
-from stormdrop.space import DecisionSpace, _prod, _tile_steps, divisors_with_omega, prime_factors
-from stormdrop.storm import make_context
+from stormdrop.search.space import (
+    DecisionSpace,
+    _prod,
+    _tile_steps,
+    divisors_with_omega,
+    prime_factors,
+)
+from stormdrop.search.storm import make_context
 from stormdrop.target import host_target
+from stormdrop.tvm_compat import trace_json as _tvm_json
 from stormdrop.workloads import parse_kernel
 
 

@@ -3,7 +3,7 @@ for a batch's worth of valid random schedules, not half its population."""
 
 from __future__ import annotations
 
-from stormdrop.storm import Storm, StormConfig
+from stormdrop.search.storm import Storm, StormConfig
 from stormdrop.target import host_target, parse_target
 from stormdrop.workloads import parse_kernel
 

@@ -9,11 +9,11 @@ import sys
 import textwrap
 import time
 
-from stormdrop.database import Database
+from stormdrop.storage.database import Database
 
 HOLDER = textwrap.dedent("""
     import json, sys, time
-    from stormdrop.timing_lock import timing
+    from stormdrop.measure.timing_lock import timing
     spans = []
     for _ in range(5):
         with timing():
@@ -38,7 +38,7 @@ def test_a_tuner_waits_for_another_processs_timing(tmp_path, monkeypatch):
     monkeypatch.setenv("STORMDROP_TIMING_LOCK", str(lock))
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import sys, time
-        from stormdrop.timing_lock import timing
+        from stormdrop.measure.timing_lock import timing
         with timing():
             print("held", flush=True); time.sleep(25)
         print(time.time(), flush=True)
@@ -60,7 +60,7 @@ def test_a_lock_file_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_p
     import pytest
 
     from stormdrop.errors import MeasureError
-    from stormdrop.timing_lock import timing
+    from stormdrop.measure.timing_lock import timing
 
     victim = tmp_path / "victim"
     victim.write_text("mine")

@@ -14,11 +14,11 @@ from dbutil import SPEC, ScriptedGateway
 from dbutil import stored_rows as _rows
 from dbutil import stormdrop_cli as _stormdrop
 
-from stormdrop import _tvm_json
-from stormdrop.database import Database
-from stormdrop.kernel_tune import tune_kernel
 from stormdrop.records import ErrorKind, Phase
-from stormdrop.storm import Storm
+from stormdrop.search.storm import Storm
+from stormdrop.storage.database import Database
+from stormdrop.tuning.kernel_tune import tune_kernel
+from stormdrop.tvm_compat import trace_json as _tvm_json
 from stormdrop.workloads import parse_kernel
 
 
@@ -174,8 +174,8 @@ def test_run_timeouts_and_crashes_are_retried_once_by_the_next_run(tmp_path, tra
     from dbutil import TARGET, matmul_mod
 
     from stormdrop.records import MeasureResult
-    from stormdrop.space import Candidate
-    from stormdrop.tune import TaskSession, TaskTuner
+    from stormdrop.search.space import Candidate
+    from stormdrop.tuning.task import TaskSession, TaskTuner
     from stormdrop.workloads import Kernel
 
     mod = matmul_mod()
@@ -231,7 +231,7 @@ def test_one_sample_per_candidate_is_refused_whenever_a_raindrop_would_run(tmp_p
     """The t-test needs samples: --repeat 1 is refused through the library too (it used to turn the
     test off silently there), before the database is touched; with no raindrop it is allowed."""
     from stormdrop.errors import SpecError
-    from stormdrop.measure import MeasureConfig
+    from stormdrop.measure.gateway import MeasureConfig
 
     with pytest.raises(SpecError, match="t-test"):
         tune_kernel(SPEC, trials=2, exploit_trials=2, db=tmp_path / "r.db", measure=MeasureConfig(repeat=1))
@@ -247,9 +247,9 @@ def test_the_ledger_charges_neither_imported_records_nor_stored_results(tmp_path
     from dbutil import TARGET, matmul_mod
 
     from stormdrop.records import MeasureResult, Record
-    from stormdrop.space import Candidate
+    from stormdrop.search.space import Candidate
     from stormdrop.target import canonical
-    from stormdrop.tune import TaskSession
+    from stormdrop.tuning.task import TaskSession
     from stormdrop.workloads import Kernel
 
     mod = matmul_mod()

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from dbutil import ScriptedGateway
 
-from stormdrop import _tvm_json
-from stormdrop.database import Database
 from stormdrop.records import ErrorKind, Phase
+from stormdrop.storage.database import Database
+from stormdrop.tvm_compat import trace_json as _tvm_json
 
 
 def _ok(secs: float):
@@ -22,8 +22,8 @@ def _stored(db, traces, secs: list[float]):
     """A 128 matmul's workload in ``db`` with the first of ``traces`` stored at ``secs``: (module, kernel)."""
     from dbutil import TARGET, matmul_mod
 
-    from stormdrop.space import Candidate
-    from stormdrop.tune import TaskSession
+    from stormdrop.search.space import Candidate
+    from stormdrop.tuning.task import TaskSession
     from stormdrop.workloads import Kernel
 
     mod = matmul_mod()
@@ -39,10 +39,10 @@ def test_verification_falls_back_re_measures_and_is_never_claimed_unchecked(tmp_
     not). Outputs not checked: never "verified"."""
     from dbutil import TARGET
 
-    from stormdrop.measure import MeasureConfig
+    from stormdrop.measure.gateway import MeasureConfig
     from stormdrop.records import MeasureResult
-    from stormdrop.tune import TaskSession
-    from stormdrop.verify import verify_bests
+    from stormdrop.tuning.task import TaskSession
+    from stormdrop.tuning.verify import verify_bests
 
     ok = _ok
     with Database(tmp_path / "v.db") as db:
@@ -78,8 +78,8 @@ def test_a_stored_time_is_not_trusted_over_its_re_measurement(tmp_path, traces):
     records keep their stored times."""
     from dbutil import TARGET
 
-    from stormdrop.tune import TaskSession
-    from stormdrop.verify import verify_bests
+    from stormdrop.tuning.task import TaskSession
+    from stormdrop.tuning.verify import verify_bests
 
     ok = _ok
     with Database(tmp_path / "v.db") as db:
@@ -111,8 +111,8 @@ def test_the_tasks_of_a_gateway_are_verified_together_each_falling_back_alone(tm
     from dbutil import TARGET
 
     from stormdrop.records import MeasureResult
-    from stormdrop.tune import TaskSession
-    from stormdrop.verify import verify_bests
+    from stormdrop.tuning.task import TaskSession
+    from stormdrop.tuning.verify import verify_bests
 
     ok = _ok
     with Database(tmp_path / "a.db") as a, Database(tmp_path / "b.db") as b:

@@ -216,7 +216,7 @@ def test_winograd_spec_matches_a_direct_convolution(op, m):
     same convolution (a 7x9 output: partial tiles)."""
     from tvm import te
 
-    from stormdrop.winograd import weight_transform
+    from stormdrop.lowering.winograd import weight_transform
 
     k = parse_kernel(f"{op}:N=1,C=8,H=7,W=9,K=16,R=3,S=3,pad=1,layout=NHWC,winograd={m}")
     direct = parse_kernel(f"{op}:N=1,C=8,H=7,W=9,K=16,R=3,S=3,pad=1,layout=NHWC")
@@ -292,7 +292,7 @@ def _assert_spec_error(spec: str, fragments: list[str]) -> None:
 
 
 def test_tensor_intrinsics_of_the_target_cpu_family_only():
-    from stormdrop._tvm import _cpu_family
+    from stormdrop.tvm_compat.patches import _cpu_family
 
     assert _cpu_family(tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu"})) == "x86"
     assert _cpu_family(tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})) == "arm_cpu"

@@ -13,7 +13,7 @@ import time
 from prior_kernels import TRAIN_KERNELS
 
 from stormdrop import tune_kernel
-from stormdrop.storm import StormConfig
+from stormdrop.search.storm import StormConfig
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """Turn a database of measured training kernels into the shipped cost-model prior.
 
-    python tools/train_prior.py --db prior.db --out src/stormdrop/data/prior_llvm_x86.npz [--validate]
+    python tools/train_prior.py --db prior.db --out src/stormdrop/search/data/prior_llvm_x86.npz [--validate]
 
 Features are MetaSchedule's per-store features of each stored schedule, costs the
 median run time (failed candidates get MetaSchedule's 1e10). ``--validate``
@@ -18,10 +18,11 @@ import sys
 import numpy as np
 import tvm
 
-from stormdrop import _tvm_json, prior
-from stormdrop.database import Database
-from stormdrop.storm import make_context, new_xgb_model
+from stormdrop.search import prior
+from stormdrop.search.storm import make_context, new_xgb_model
+from stormdrop.storage.database import Database
 from stormdrop.target import from_canonical
+from stormdrop.tvm_compat import trace_json as _tvm_json
 
 
 def extract(db: Database) -> list[prior.PriorGroup]:

@@ -14,23 +14,23 @@ __all__ = ["Lowering", "__version__", "open_database", "parse_kernel", "tune_ker
 
 def __getattr__(name: str):  # lazy: `import stormdrop` stays cheap (no TVM import)
     if name == "tune_kernel":
-        from .kernel_tune import tune_kernel
+        from stormdrop.tuning.kernel_tune import tune_kernel
 
         return tune_kernel
     if name == "tune_model":
-        from .model_tune import tune_model
+        from stormdrop.model.tune import tune_model
 
         return tune_model
     if name == "parse_kernel":
-        from .workloads import parse_kernel
+        from stormdrop.workloads import parse_kernel
 
         return parse_kernel
     if name == "Lowering":
-        from .lowering import Lowering
+        from stormdrop.lowering.pipeline import Lowering
 
         return Lowering
     if name == "open_database":
-        from .database import Database
+        from stormdrop.storage.database import Database
 
         return Database
     raise AttributeError(name)

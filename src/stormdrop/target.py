@@ -13,7 +13,7 @@ import os
 import tvm
 from tvm.target import Target
 
-from .errors import SpecError
+from stormdrop.errors import SpecError
 
 
 def physical_cores() -> int:

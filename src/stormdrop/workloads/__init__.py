@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
-from .kernels import Kernel, builtin_operators, estimate_flops, kernel_args, parse_kernel
+from stormdrop.workloads.kernels import (
+    Kernel,
+    builtin_operators,
+    estimate_flops,
+    kernel_args,
+    parse_kernel,
+)
 
 __all__ = ["Kernel", "builtin_operators", "estimate_flops", "kernel_args", "parse_kernel"]

@@ -7,7 +7,7 @@ import math
 
 import onnx
 
-from ._onnx_builder import GraphBuilder
+from stormdrop.workloads._onnx_builder import GraphBuilder
 
 NUM_CLASSES = 1000
 RESIDUAL_GAIN = 0.3  # He gain of the last conv of a residual branch (keeps sums O(1))

@@ -9,8 +9,8 @@ from typing import Any
 import tvm
 from tvm import te, topi
 
-from ..errors import SpecError
-from ._spec import parse_int, parse_params
+from stormdrop.errors import SpecError
+from stormdrop.workloads._spec import parse_int, parse_params
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 LAYOUTS = ("NCHW", "NHWC")
@@ -150,7 +150,7 @@ def _conv_core(op: str, v: dict[str, Any]) -> tuple[te.Tensor, te.Tensor, te.Ten
         if m not in (2, 4) or v["layout"] != "NHWC" or (r, s, st) != (3, 3, 1):
             raise SpecError(f"{op}: winograd={m} needs winograd=2 or 4 (0: off), layout=NHWC, R=3, S=3, "
                             f"stride=1 (got layout={v['layout']}, R={r}, S={s}, stride={st})")
-        from ..winograd import conv2d_nhwc as winograd_conv2d_nhwc
+        from stormdrop.lowering.winograd import conv2d_nhwc as winograd_conv2d_nhwc
 
         data = te.placeholder((n, h, w, c), dt, name="data")
         weight = te.placeholder((m + 2, m + 2, c, k), dt, name="weight")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import SpecError
+from stormdrop.errors import SpecError
 
 _INT_RE = re.compile(r"[+-]?\d+")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import onnx
 
-from ._onnx_builder import GraphBuilder
+from stormdrop.workloads._onnx_builder import GraphBuilder
 
 
 class _Heads:

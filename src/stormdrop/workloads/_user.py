@@ -15,7 +15,7 @@ import tvm
 from tvm import te
 from tvm.tirx import PrimFunc
 
-from ..errors import SpecError
+from stormdrop.errors import SpecError
 
 
 def is_user_spec(spec: str) -> bool:

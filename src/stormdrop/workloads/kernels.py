@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import tvm
 from tvm import te
 
-from ..errors import SpecError
-from ._operators import OPERATORS, build_builtin
-from ._spec import split_spec
-from ._user import is_user_spec, load_user_function
+from stormdrop.errors import SpecError
+from stormdrop.workloads._operators import OPERATORS, build_builtin
+from stormdrop.workloads._spec import split_spec
+from stormdrop.workloads._user import is_user_spec, load_user_function
 
 
 @dataclass(frozen=True)

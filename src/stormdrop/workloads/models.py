@@ -9,7 +9,7 @@ from typing import Any
 
 import tvm
 
-from ..errors import SpecError
+from stormdrop.errors import SpecError
 
 
 @dataclass
@@ -50,7 +50,7 @@ def load_model(spec: Any, *, input_shapes: dict[str, tuple[int, ...]] | None = N
         model = _read_onnx(spec)
         name = os.path.splitext(os.path.basename(spec))[0]
     else:
-        from .zoo import build_zoo_model
+        from stormdrop.workloads.zoo import build_zoo_model
 
         kw: dict[str, Any] = {"batch": batch, "seed": seed}
         if resolution:
@@ -84,7 +84,7 @@ def from_onnx_model(model: Any, name: str, *, input_shapes: dict[str, tuple[int,
     from tvm.relax.frontend.onnx import from_onnx
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    from .._tvm import clip_as_relax_op
+    from stormdrop.tvm_compat.patches import clip_as_relax_op
 
     clip_as_relax_op()  # ReLU6 as Relax ops, so that layouts propagate and it fuses
 

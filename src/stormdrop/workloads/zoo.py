@@ -29,8 +29,8 @@ from typing import NamedTuple
 
 import onnx
 
-from ..errors import SpecError
-from ._networks import (
+from stormdrop.errors import SpecError
+from stormdrop.workloads._networks import (
     alexnet,
     densenet,
     efficientnet_b0,
@@ -48,7 +48,7 @@ from ._networks import (
     squeezenet1_0,
     vgg,
 )
-from ._transformers import bert_base, mobilebert
+from stormdrop.workloads._transformers import bert_base, mobilebert
 
 
 class ZooEntry(NamedTuple):

@@ -1,0 +1,99 @@
+"""How a model is lowered before its kernels are tuned: layout, fast math, Winograd, merged matmuls.
+
+One value (``Lowering``) travels from the command line to task extraction, tuning, compiling
+and benchmarking, so that a model is always compiled the way its tasks were tuned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import tvm
+from tvm import relax
+from tvm.target import Target
+
+from stormdrop.errors import SpecError
+from stormdrop.lowering import attention, fastmath, padded_rows, reductions
+from stormdrop.lowering.layout import LAYOUTS, convert_layout
+from stormdrop.lowering.layout import legalizations as layout_legalizations
+from stormdrop.lowering.winograd import MIN_TRIALS_PER_TASK
+from stormdrop.lowering.winograd import MODES as WINOGRAD_MODES
+from stormdrop.lowering.winograd import legalization as winograd_legalization
+from stormdrop.tvm_compat import patches as _tvm
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """``layout``: the convolutions' layout, ``auto`` (NHWC on CPUs), ``nhwc``, ``blocked``
+    (``NCHW{b}c``) or ``nchw`` (the model's own); see ``layout.convert_layout``.
+    ``fast_math``: vectorizable erf/exp/tanh/sigmoid/softmax on CPUs (``fastmath``).
+    ``winograd``: 3x3 stride-1 NHWC convolutions as Winograd F(m x m, 3 x 3) on CPUs:
+    ``auto`` (where ``winograd.choose_tile`` expects a gain), ``off``, ``2`` or ``4`` (all).
+    ``combine_matmuls``: matmuls of one input by constant weights (a transformer's Q, K and
+    V projections) merged into one GEMM and a split. Off by default: not yet measured to
+    pay (tuned, BERT-base's three projections already ran at its wide GEMMs' speed, and the
+    split is one more kernel).
+    ``tiled_reductions``: means and sums over outer axes (NHWC's global pooling) written so
+    that the search tiles them (``reductions``), on CPUs.
+    ``pad_attention``: attentions over a sequence that tiles badly (a ViT's 197 tokens)
+    computed at a padded length, masked (``attention.pad_sequences``), on CPUs.
+    ``pad_rows``: matrix products whose row count tiles badly (a ViT's 197 tokens) computed
+    over a few more rows and cropped (``padded_rows``), on CPUs.
+    """
+
+    layout: str = "auto"
+    fast_math: bool = True
+    winograd: str = "auto"
+    combine_matmuls: bool = False
+    tiled_reductions: bool = True
+    pad_attention: bool = True
+    pad_rows: bool = True
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise SpecError(f"--layout: expected one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+        if self.winograd not in WINOGRAD_MODES:
+            raise SpecError(f"--winograd: expected one of {', '.join(WINOGRAD_MODES)}, got {self.winograd!r}")
+
+    def for_budget(self, trials: int | None, num_tasks: int) -> Lowering:
+        """This lowering for a model tuned under a global trial cap: ``winograd="auto"`` keeps every
+        convolution direct when the cap gives its tasks fewer than ``winograd.MIN_TRIALS_PER_TASK``
+        trials each (a Winograd kernel tuned that little loses to the direct one)."""
+        if self.winograd != "auto" or trials is None or num_tasks <= 0 or trials >= num_tasks * MIN_TRIALS_PER_TASK:
+            return self
+        return dataclasses.replace(self, winograd="off")
+
+    def as_tuned(self, note: dict) -> Lowering:
+        """This lowering as a model's last tune used it (its ``note``): ``auto`` Winograd that the
+        tune's trial cap turned off (``for_budget``) stays off, so that its tasks are the tuned ones."""
+        if self.winograd == "auto" and note.get("winograd") == "off":
+            return dataclasses.replace(self, winograd="off")
+        return self
+
+    def lower(self, mod: tvm.IRModule, target: Target, prepack_weights: bool) -> tvm.IRModule:
+        """The model's Relax module, legalized and fused into kernels for ``target``.
+        ``prepack_weights``: weights and constants become layout-free buffers of the kernels."""
+        _tvm.load_tensor_intrinsics(target)
+        cpu = target.kind.name == "llvm"
+        with target:
+            mod = relax.transform.CanonicalizeBindings()(mod)
+            if self.pad_attention and cpu:
+                mod = attention.pad_sequences(mod)
+            if self.combine_matmuls:  # Q, K and V projections (matmuls sharing their input) as one GEMM
+                mod = _tvm.combine_parallel_matmuls(mod)
+            mod = relax.transform.Normalize()(convert_layout(mod, target, self.layout))
+            rules = dict(layout_legalizations())
+            if self.fast_math and cpu:
+                rules.update(fastmath.legalizations())
+            if self.tiled_reductions and cpu:
+                rules.update(reductions.legalizations())
+            if self.pad_rows and cpu:
+                rules.update(padded_rows.legalizations())
+            if self.winograd != "off" and cpu:
+                rules["relax.nn.conv2d"] = winograd_legalization(self.winograd, rules["relax.nn.conv2d"])
+            mod = relax.transform.LegalizeOps(rules)(mod)
+            fused = relax.get_pipeline("zero")(mod)
+            if prepack_weights:
+                fused = relax.transform.AttachAttrLayoutFreeBuffers()(fused)
+        return fused

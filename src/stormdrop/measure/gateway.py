@@ -1,0 +1,316 @@
+"""The measurement gateway: the one place where candidates are built and run.
+
+Builder workers (one per physical core) compile candidates in parallel; one
+runner worker times them, alone on the machine, after checking each output
+against the reference computed once per workload by the untuned build. Workers
+are persistent processes (TVM imported once); a crash or hang of a candidate
+kills only its worker, which is restarted, and becomes a typed failure.
+
+Builds and runs are not overlapped: on a machine with few cores a compilation
+running beside a timing distorts the timing. On RPC devices (``MeasureConfig.rpc``)
+one runner a free device times candidates at once; a device lost for good hands its
+candidate to the others, and the run stops with one error line when none is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Any
+
+import tvm
+from tvm.target import Target
+
+from stormdrop.errors import MeasureError, one_line
+from stormdrop.measure.memory import process_rss_mb, runner_memory_limit_mb
+from stormdrop.measure.timing_lock import timing
+from stormdrop.measure.tracker import RpcConfig, devices_to_start, free_devices
+from stormdrop.measure.workers import DeviceGone, Runner, Worker
+from stormdrop.records import ErrorKind, MeasureResult
+from stormdrop.target import canonical, physical_cores
+
+log = logging.getLogger("stormdrop")
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    """How candidates are timed. ``repeat`` samples feed the raindrop's t-test.
+
+    ``cache_flush``: every sample one run after the CPU caches were flushed of the kernel's
+    weights and output (its input stays: a model's previous kernel just wrote it), as a kernel
+    runs inside a model, where the other kernels' weights have evicted its own; None: on for a
+    model's tasks on a CPU, off for a kernel tuned alone (``for_models``)."""
+
+    number: int = 1
+    repeat: int = 5
+    min_repeat_ms: float = 20.0
+    cache_flush: bool | None = None
+    build_timeout_s: float = 60.0
+    run_timeout_s: float = 30.0
+    check_correctness: bool = True
+    builders: int = 0  # 0: one per physical core
+    rpc: RpcConfig | None = None  # time on the devices under an RPC tracker's key
+    rpc_devices: int = 0  # RPC: time on this many devices at once (0: every device free under the key)
+    runner_memory_mb: float = 0.0  # a local runner grown past this is restarted (0: memory.runner_memory_limit_mb)
+
+    @property
+    def device_timeout_s(self) -> float:
+        """How long one timing may go unanswered before it counts as hung: ``run_timeout_s``, and on
+        an RPC device the time a lost session is tried again (``rpc.retry_s``) more, so that a
+        restarted tracker or server costs a wait, not a stored timeout."""
+        return self.run_timeout_s + (self.rpc.retry_s + 30.0 if self.rpc else 0.0)
+
+    def for_models(self, target: Target) -> MeasureConfig:
+        """This config for a model's tasks: caches flushed on a CPU unless said otherwise. Timed warm,
+        a kernel finds its weights in cache and the search prefers schedules that lose inside the
+        model (RESULTS "Cache flush": A/Bs of whole models tuned warm and cold)."""
+        on = target.kind.name != "cuda" if self.cache_flush is None else self.cache_flush
+        return dataclasses.replace(self, cache_flush=on)
+
+    def for_kernels(self) -> MeasureConfig:
+        """This config for a kernel tuned alone: warm unless said otherwise."""
+        return dataclasses.replace(self, cache_flush=bool(self.cache_flush))
+
+
+class Gateway:
+    """Builds and runs candidates for one target; see the module docstring."""
+
+    def __init__(self, target: Target, config: MeasureConfig | None = None) -> None:
+        self.target = target
+        self.config = config or MeasureConfig()
+        tjson = canonical(target)
+        n = self.config.builders or physical_cores()
+        self._builders = [Worker("builder", tjson, None) for _ in range(max(1, n))]
+        devices = 1 if self.config.rpc is None else devices_to_start(self.config.rpc, self.config.rpc_devices)
+        self._runners = [Runner(Worker("runner", tjson, self.config.rpc)) for _ in range(devices)]
+        self._looked = time.monotonic()  # when the tracker was last asked for free devices
+        self._workdir = tempfile.mkdtemp(prefix="stormdrop-")
+        self._workloads: dict[str, tuple[str, int]] = {}
+        self._counter = 0
+        # builder_s: the builds' own seconds (no start-up, no queue); first_*: warm-up (candidate_s)
+        self.stats = {"run_s": 0.0, "measured": 0, "runner_restarts": 0, "built": 0, "builder_s": 0.0,
+                      "codegen_s": 0.0, "first_run_s": 0.0, "first_measured": 0, "first_built": 0,
+                      "first_builder_s": 0.0, "first_codegen_s": 0.0}
+        for w in (*self._builders, *(r.worker for r in self._runners)):
+            w.start()  # start importing TVM in the background right away
+
+    def prepare(self, key: str, workload: tvm.IRModule, seed: int = 0) -> None:
+        """Make inputs and reference outputs for a workload (once per key)."""
+        self._workloads.setdefault(key, (tvm.ir.save_json(workload), seed))
+        self._runners[0].ensure_reference(key, self._workloads[key], self.config.device_timeout_s)
+
+    def measure(self, key: str | Sequence[str], mods: list[tvm.IRModule],
+                on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:
+        """Build all ``mods`` (scheduled versions of workload ``key``, or of one key each: several
+        tasks' candidates share the builders), then time each.
+
+        ``on_result(i, result)`` hears each result as soon as it is known (a build failure as
+        its build ends, each run as it ends), so a caller can commit it at once: a kill then
+        loses only the candidates still in flight, not the whole batch.
+        """
+        keys = [key] * len(mods) if isinstance(key, str) else list(key)
+        self._join_free_devices()  # before the builds: a new runner starts up meanwhile
+        built = self._build_all(mods, on_result)
+        t1 = time.monotonic()
+        results: list[MeasureResult | None] = [b if isinstance(b, MeasureResult) else None for b in built]
+        try:
+            if len(self._runners) == 1:
+                for i, b in enumerate(built):
+                    if results[i] is None:
+                        results[i] = self._run(keys[i], b)
+                        if on_result is not None:
+                            on_result(i, results[i])
+            else:
+                self._run_parallel(keys, built, results, on_result)
+        finally:
+            first = "" if self.stats["measured"] or self.stats["first_measured"] else "first_"
+            self.stats[first + "run_s"] += time.monotonic() - t1
+            self.stats[first + "measured"] += sum(r is not None for r in results)
+        return results  # type: ignore[return-value]
+
+    def _join_free_devices(self) -> None:
+        """RPC: devices free under the key since the last look (a server started, or back) join the
+        run, one runner each, up to ``rpc_devices``; the tracker is asked at most every
+        ``rpc.join_every_s`` seconds."""
+        rpc, cap = self.config.rpc, self.config.rpc_devices
+        if rpc is None or time.monotonic() - self._looked < rpc.join_every_s:
+            return
+        self._looked = time.monotonic()
+        room = free_devices(rpc) or 0
+        if cap > 0:
+            room = min(room, cap - len(self._runners))
+        for _ in range(max(0, room)):
+            runner = Runner(Worker("runner", canonical(self.target), dataclasses.replace(rpc, join=True)), joined=True)
+            runner.worker.start()
+            self._runners.append(runner)
+        if room > 0:
+            log.info("%d more RPC device(s) under %s joined: %d timing", room, rpc.key, len(self._runners))
+
+    def candidate_s(self) -> tuple[float, float]:
+        """Wall seconds to build, and to run, one candidate measured alone, from what this gateway
+        measured so far ((0, 0) before anything): a build as its builder timed it (a batch's wall
+        time counts the builders' start-up, many times a small kernel's build), each builder's first
+        build and the first batch's runs only until others are measured (they pay the processes'
+        warm-up: counted as a typical candidate, a short budget kept more for verifying and compiling
+        than it had)."""
+        return self._mean("builder_s", "built"), self._mean("run_s", "measured")
+
+    def _mean(self, seconds: str, count: str) -> float:
+        s = self.stats
+        return s[seconds] / s[count] if s[count] else s["first_" + seconds] / max(s["first_" + count], 1)
+
+    def batch_s(self, n: int) -> float:
+        """Wall seconds to measure ``n`` candidates in one batch (``candidate_s``): the builders
+        build them side by side, then each is timed alone."""
+        build, run = self.candidate_s()
+        return -(-n // len(self._builders)) * build + n * run
+
+    def compile_s(self, kernels: int) -> float:
+        """Seconds to compile ``kernels`` kernels into a model: ``tvm.build``'s own time of a
+        candidate, as the builders timed it (a builder's build also loads, checks and links
+        its candidate: about twice the time a model's compile spends on it)."""
+        return kernels * self._mean("codegen_s", "built")
+
+    def _build_all(self, mods: list[tvm.IRModule],
+                   on_failure: Callable[[int, MeasureResult], None] | None = None) -> list[dict | MeasureResult]:
+        """Every module built (a library's paths) or its failure, told to ``on_failure`` as it ends."""
+        out: list[dict | MeasureResult] = [MeasureResult.failure(ErrorKind.BUILD_ERROR, "not built")] * len(mods)
+        pending = list(range(len(mods)))
+        busy: dict[int, tuple[Worker, int]] = {}  # id(conn) -> (worker, job)
+        idle = list(self._builders)
+        timeout = self.config.build_timeout_s
+        while pending or busy:
+            while pending and idle:
+                job = pending.pop(0)
+                worker = idle.pop()
+                self._counter += 1
+                path = os.path.join(self._workdir, f"cand{self._counter}.so")
+                worker.send("build", (tvm.ir.save_json(mods[job]), path))
+                busy[id(worker.conn)] = (worker, job)
+            conns = [w.conn for w, _ in busy.values()]
+            ready = wait(conns, timeout=0.5)
+            now = time.monotonic()
+            for conn in ready:
+                worker, job = busy.pop(id(conn))
+                status, value = worker.receive()
+                out[job] = value if status == "ok" else MeasureResult.failure(
+                    ErrorKind.BUILDER_CRASH if status == "crash" else ErrorKind.BUILD_ERROR, str(value))
+                if status == "ok":
+                    first, worker.jobs = "" if worker.jobs else "first_", worker.jobs + 1
+                    self.stats[first + "built"] += 1
+                    self.stats[first + "builder_s"] += float(value.get("build_s", 0.0))
+                    self.stats[first + "codegen_s"] += float(value.get("codegen_s", 0.0))
+                idle.append(worker)
+                if status != "ok" and on_failure is not None:
+                    on_failure(job, out[job])
+            for cid, (worker, job) in list(busy.items()):
+                if now - worker.started_at > timeout:
+                    worker.kill()
+                    busy.pop(cid)
+                    out[job] = MeasureResult.failure(ErrorKind.BUILD_TIMEOUT, f"build exceeded {timeout:.0f} s")
+                    idle.append(worker)
+                    if on_failure is not None:
+                        on_failure(job, out[job])
+        return out
+
+    def _run_payload(self, key: str, built: dict) -> tuple:
+        cfg = self.config
+        return (key, built, cfg.number, cfg.repeat, cfg.min_repeat_ms, bool(cfg.cache_flush), cfg.check_correctness)
+
+    def _run(self, key: str, built: dict) -> MeasureResult:
+        cfg, runner = self.config, self._runners[0]
+        runner.ensure_reference(key, self._workloads[key], cfg.device_timeout_s)
+        # a local device is shared with every other stormdrop process on this machine: one timing at a time
+        with timing() if cfg.rpc is None else contextlib.nullcontext():
+            status, value = runner.worker.call("run", self._run_payload(key, built), timeout=cfg.device_timeout_s)
+        if status == "lost":  # no device left to time on: stop here, everything measured is committed
+            raise MeasureError(one_line(value))
+        self._recycle_if_grown(runner)
+        return self._result(status, value, built)
+
+    def _recycle_if_grown(self, runner: Runner) -> None:
+        """Restart a local runner that has grown past its memory limit (candidate libraries leak
+        memory in TVM, see ``_tvm``); its inputs and references are made again on the next run."""
+        proc = runner.worker.proc
+        if self.config.rpc is not None or proc is None:
+            return
+        limit = self.config.runner_memory_mb or runner_memory_limit_mb()
+        rss = process_rss_mb(proc.pid)
+        if rss > limit:
+            log.info("runner process at %.0f MB (limit %.0f MB): restarting it", rss, limit)
+            runner.worker.stop()
+            self.stats["runner_restarts"] += 1
+
+    def _run_parallel(self, keys: list[str], built: list, results: list,
+                      on_result: Callable[[int, MeasureResult], None] | None) -> None:
+        """Time on every RPC device at once: each idle device takes the next candidate."""
+        pending = [i for i, r in enumerate(results) if r is None]
+        idle, busy = list(self._runners), {}  # id(conn) -> (runner, job)
+        timeout = self.config.device_timeout_s
+        while pending or busy:
+            done = []
+            while pending and idle:
+                runner, job = idle.pop(), pending.pop(0)
+                try:
+                    runner.ensure_reference(keys[job], self._workloads[keys[job]], timeout)
+                except DeviceGone as err:
+                    done.append((runner, job, "lost", str(err)))
+                    continue
+                runner.worker.send("run", self._run_payload(keys[job], built[job]))
+                busy[id(runner.worker.conn)] = (runner, job)
+            for conn in wait([r.worker.conn for r, _ in busy.values()], timeout=0.5):
+                runner, job = busy.pop(id(conn))
+                done.append((runner, job, *runner.worker.receive()))
+            now = time.monotonic()
+            for cid, (runner, job) in list(busy.items()):
+                if now - runner.worker.started_at > timeout:
+                    runner.worker.kill()
+                    busy.pop(cid)
+                    done.append((runner, job, "timeout", f"no answer within {timeout:.0f} s"))
+            for runner, job, status, value in done:
+                if status == "lost":  # that device is gone: its candidate goes to the others
+                    self._runners.remove(runner)
+                    runner.worker.kill()
+                    pending.insert(0, job)
+                    if not self._runners:  # the run stops with this one line; everything measured is committed
+                        raise MeasureError(one_line(value))
+                    log.warning("%s; %d device(s) left", one_line(value), len(self._runners))
+                    continue
+                results[job] = self._result(status, value, built[job])
+                idle.append(runner)
+                if on_result is not None:
+                    on_result(job, results[job])
+
+    def _result(self, status: str, value: Any, built: dict) -> MeasureResult:
+        try:
+            os.remove(built["timed"])
+        except OSError:
+            pass
+        if status == "timeout":
+            return MeasureResult.failure(ErrorKind.RUN_TIMEOUT, str(value))
+        if status == "crash":  # the timing process died
+            return MeasureResult.failure(ErrorKind.RUNNER_CRASH, str(value))
+        if status != "ok":
+            return MeasureResult.failure(ErrorKind.RUN_ERROR, str(value))
+        if "wrong" in value:
+            return MeasureResult.failure(ErrorKind.WRONG_RESULT, value["wrong"])
+        return MeasureResult(run_secs=tuple(value["run_secs"]))
+
+    def close(self) -> None:
+        for w in (*self._builders, *(r.worker for r in self._runners)):
+            w.stop()
+        shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def __enter__(self) -> Gateway:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,286 @@
+"""Whole models: extract tasks, share the trial budget among them, compile, run, verify.
+
+Tasks are the model's fused kernels (identical workloads tuned once, weighted by
+their occurrences). Ansor's gradient scheduler decides which task gets the next
+batch; each task runs its own storm -> raindrop machine (``TaskTuner``). The
+model is then compiled with the best verified record of every task, run on the
+Relax VM, and checked against ONNX Runtime (ONNX inputs) or the untuned build.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import tvm
+import tvm.s_tir.meta_schedule as ms
+from tvm.target import Target
+
+from stormdrop.lowering.pipeline import Lowering
+from stormdrop.lowering.winograd import direct_flops as winograd_direct_flops
+from stormdrop.measure.gateway import Gateway, MeasureConfig
+from stormdrop.measure.tracker import RpcConfig
+from stormdrop.model.choice import Deployable, choose
+from stormdrop.model.run import (
+    commit_best,
+    compile_model,
+    prepack_weights,
+    random_inputs,
+    side_by_side,
+)
+from stormdrop.records import Phase
+from stormdrop.report.display import ModelDisplay, TaskLine, eta_s
+from stormdrop.search.phases import PHASES, check_samples
+from stormdrop.search.raindrop import RaindropConfig
+from stormdrop.search.reuse import block_names, open_donors
+from stormdrop.search.storm import StormConfig
+from stormdrop.storage.database import Database, candidate_key, default_db_path
+from stormdrop.target import canonical, parse_target
+from stormdrop.tuning.driver import Budget, drive, measured
+from stormdrop.tuning.task import TaskResult, TaskSession, TaskTuner
+from stormdrop.tvm_compat import patches as _tvm
+from stormdrop.workloads import Kernel
+from stormdrop.workloads.models import Model, load_model
+
+log = logging.getLogger("stormdrop")
+
+
+@dataclass
+class ModelResult:
+    target: str
+    model: str
+    tuning_s: float  # extraction, search, verification and the tuned model's compile (what --time-budget bounds)
+    tasks: list[TaskResult]
+    latency_s: dict[str, float | None] = field(default_factory=dict)
+    max_abs_error: float | None = None
+    stopped_by: str = ""  # what ended the tuning: the trial budget, the time budget, or every task's cap
+    # the in-model choice (``model_choice``): task name -> the rank of its deployed candidate (0: its
+    # best record as tuned), and the models' latencies with the best records / with the choice
+    deployed: dict[str, int] = field(default_factory=dict)
+    choice_s: dict[str, float | None] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"target": self.target, "model": self.model, "tuning_s": round(self.tuning_s, 3),
+                "latency_s": dict(self.latency_s), "tasks": [t.to_json() for t in self.tasks],
+                "in_model_choice": {"deployed": dict(self.deployed), **self.choice_s}}
+
+
+def op_class(mod: tvm.IRModule, task_name: str = "") -> str:
+    """A fused kernel's class for reuse, shapes left out: its compute blocks (TOPI's names, counters
+    dropped, so that layout, pooling kind and fused epilogues all count) and its output dtype,
+    e.g. ``T_add+compute+conv2d_nhwc+pad_temp:float32``. Only kernels of one class exchange schedules."""
+    try:
+        from tvm.s_tir import Schedule
+
+        blocks = sorted(re.sub(r"\d+$", "", name) for name in block_names(Schedule(mod)))
+        dtype = str(ms.arg_info.ArgInfo.from_prim_func(mod["main"])[-1].dtype)
+        return "+".join(blocks) + ":" + dtype
+    except Exception:  # noqa: BLE001 - an unusual kernel: its own name, counters dropped
+        return re.sub(r"\d+", "", task_name.removeprefix("fused_")) or task_name
+
+
+def extract_tasks(model: Model, target: Target, lowering: Lowering | None = None
+                  ) -> tuple[tvm.IRModule, list[tuple[Kernel, int]]]:
+    """The fused module (``Lowering.lower``) and its tuning tasks: (kernel, weight), identical
+    workloads merged."""
+    fused = (lowering or Lowering()).lower(model.mod, target, prepack_weights(target))
+    tasks = ms.relax_integration.extract_tasks(fused, target)
+    out = []
+    for t in tasks:
+        mod = t.dispatched[0]
+        from tvm.s_tir.analysis import estimate_tir_flops
+
+        try:
+            flops = int(estimate_tir_flops(mod))
+        except Exception:  # noqa: BLE001
+            flops = 0
+        if "conv2d_winograd" in t.task_name:  # count a direct convolution's FLOPs: comparable GFLOPS
+            flops = winograd_direct_flops(mod) or flops
+        out.append((Kernel(t.task_name, f"{model.name}:{t.task_name}", op_class(mod, t.task_name), mod, flops),
+                    int(t.weight)))
+    return fused, out
+
+
+def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, trials_per_task: int = 128,
+               time_budget: float | None = None, db: Any = None, seed: int = 0,
+               output: str | None = None, measure: MeasureConfig | None = None,
+               storm: StormConfig | None = None, input_shapes: dict | None = None, batch: int = 1,
+               resolution: int | None = None, seq_len: int | None = None, reuse: int = 8,
+               lowering: Lowering | None = None, raindrop: RaindropConfig | None = None,
+               progress: bool = False, phases: Sequence[Phase] = PHASES,
+               reuse_from: Sequence[str] = (), untuned: bool = False, in_model_candidates: int = 1) -> ModelResult:
+    """Tune every task of a model under a global trial and time budget, then compile and verify.
+
+    ``trials=None``: no global cap; the time budget and ``trials_per_task`` end the tuning.
+    ``raindrop`` (default: ``RaindropConfig()``) configures every task's raindrop.
+    ``phases`` and ``reuse_from``: as in ``tune_kernel``, for every task. ``lowering``: how the
+    model is lowered before its kernels are extracted (``Lowering``; default: NHWC on CPUs, fast
+    math, Winograd where it pays). ``untuned``: time the untuned build too (``side_by_side``; it is
+    always run, as the reference, for a model without an ONNX graph). ``in_model_candidates``: each
+    task deploys the fastest inside the compiled model of its best that many records (``model_choice``;
+    1: the best record as tuned; local devices only, the kernels being timed in place by a VM instrument).
+    """
+    start = time.monotonic()
+    check_samples(measure, phases, trials_per_task - max(1, trials_per_task // 2))
+    tgt = parse_target(target)
+    model = spec if isinstance(spec, Model) else load_model(
+        spec, input_shapes=input_shapes, batch=batch, resolution=resolution, seq_len=seq_len, seed=seed)
+    deadline = start + time_budget if time_budget else float("inf")
+    measure = (measure or MeasureConfig()).for_models(tgt)
+    if measure.rpc:
+        in_model_candidates = 1  # the VM instrument times kernels only in this process
+    lowering = lowering or Lowering()
+    fused, tasks = extract_tasks(model, tgt, lowering)
+    budgeted = lowering.for_budget(trials, len(tasks))
+    if budgeted != lowering and any("winograd" in k.name for k, _ in tasks):
+        log.info("%s: %d trials for %d tasks: every convolution direct (Winograd kernels need more trials)",
+                 model.name, trials, len(tasks))
+        fused, tasks = extract_tasks(model, tgt, budgeted)
+    lowering = budgeted
+    own_db = not isinstance(db, Database)
+    donor_dbs = open_donors(reuse_from)
+    database = Database(db or default_db_path()) if own_db else db
+    display = None
+    try:
+        with Gateway(tgt, measure) as gateway:
+            sessions = [TaskSession(database, gateway, k, tgt, seed) for k, _ in tasks]
+            note = {"target": canonical(tgt), "started_at": time.time(), "winograd": lowering.winograd,
+                    "tasks": [{"workload_id": s.entry.workload_id, "name": k.name, "weight": w}
+                              for s, (k, w) in zip(sessions, tasks)]}
+            database.note_model(model.name, note)  # a killed run's report knows its tasks too
+            first = first_batch_size(trials, len(tasks), (storm or StormConfig()).batch_size)
+            storm_trials = storm_share(trials, len(tasks), trials_per_task, first)
+            tuners = [TaskTuner(s, trials=storm_trials, exploit_trials=trials_per_task - storm_trials,
+                                storm=storm, raindrop=raindrop or RaindropConfig(), reuse=reuse,
+                                first_batch=first, phases=phases, donor_dbs=donor_dbs)
+                      for s in sessions]
+            # the ledger: --trials counts what earlier runs measured on these tasks too, so that a
+            # killed and resumed run measures no more than an uninterrupted one
+            used = sum(s.spent() for s in sessions)
+            # no global cap and no time budget: the per-task caps bound the run
+            cap = float("inf") if trials is None else trials
+            shown_cap = cap if trials is not None or time_budget else trials_per_task * len(tasks)
+            display = ModelDisplay() if progress else None
+
+            def show(i: int, used: int) -> None:
+                if display is None:
+                    return
+                lines = [TaskLine(k.name, w, tu.phase.value, se.best, measured(se), se.result.trials["failed"])
+                         for (k, w), tu, se in zip(tasks, tuners, sessions)]
+                now = time.monotonic()
+                display.show(used, shown_cap, now - start, eta_s(used, now - start, shown_cap, deadline - now),
+                             lines, current=i)
+
+            budget = Budget(trials=trials, deadline=deadline, extend=bool(time_budget), per_task_cap=trials_per_task,
+                            builds_after=len(tasks) * model_compiles(in_model_candidates))
+            stopped_by = drive(tuners, sessions, [w for _, w in tasks], budget, used=used, seed=seed, storm=storm,
+                               on_step=show)
+            result = ModelResult(canonical(tgt), model.name, 0.0, [s.result for s in sessions], stopped_by=stopped_by)
+        # after the gateway is closed: its runners' devices (RPC) are free again for the model
+        deployed = _compile_and_verify(result, model, fused, sessions, tgt, output, seed, start,
+                                       rpc=measure.rpc, untuned=untuned,
+                                       candidates=in_model_candidates)
+        database.note_model(model.name, {**note, "tuning_s": result.tuning_s, "latency_s": result.latency_s,
+                                         "stopped_by": stopped_by, "deployed": deployed})
+    finally:
+        if display is not None:
+            display.close()
+        if own_db:
+            database.close()
+        for d in donor_dbs:
+            d.close()
+    return result
+
+
+def first_batch_size(trials: int | None, num_tasks: int, batch: int) -> int | None:
+    """A smaller first batch per task when the budget cannot give every task a full one: half
+    of each task's share of ``trials`` (at least 2, in case one fails), the other half left for
+    its raindrop (``storm_share``).
+
+    A task left without any schedule runs as a naive loop nest, often slower than the
+    rest of the model together (a model with more tasks than ``trials / batch`` would leave
+    some unreached), so every task is reached first.
+    """
+    if trials is None or num_tasks <= 0 or trials >= num_tasks * batch:
+        return None
+    return max(2, trials // (2 * num_tasks))
+
+
+def storm_share(trials: int | None, num_tasks: int, trials_per_task: int, first_batch: int | None) -> int:
+    """Storm trials of each task: half of ``trials_per_task``, or where the global ``trials`` cap
+    cannot give every task that many, half of its share of the cap (at least its first batch), so
+    that the raindrop always has the other half (storms of a full half per-task cap would take a
+    small cap whole: no raindrop at all)."""
+    half = max(1, trials_per_task // 2)
+    if trials is None or num_tasks <= 0 or trials >= num_tasks * trials_per_task:
+        return half
+    return min(half, max(first_batch or 1, trials // (2 * num_tasks)))
+
+
+def model_compiles(in_model_candidates: int) -> int:
+    """Compiles of the model after tuning: one, or with an in-model choice among k candidates,
+    one per rank and one of the choice."""
+    return 1 if in_model_candidates < 2 else in_model_candidates + 1
+
+
+def ranked_candidates(session: TaskSession, k: int) -> list[Deployable]:
+    """The task's best record as verified after tuning (``verify_bests``), then the next records
+    by stored time, ``k`` in all. Records ranked above the verified one failed verification
+    and are never candidates."""
+    if not session.result.trace_json:
+        return []
+    first = Deployable(session.result.trace_json, session.result.latency_s or 0.0,
+                       candidate_key(session.result.trace_json))
+    if k < 2:
+        return [first]
+    verified = session.db.lookup(session.entry.workload_id, session.target_key, first.candidate_key)
+    records = session.db.best(session.entry.workload_id, session.target_key, k=session.result.fallbacks + k)
+    rest = [Deployable(r.trace_json, r.mean, r.candidate_key) for r in records
+            if verified is None or (r.mean, r.record_id) > (verified.mean, verified.record_id)]
+    return [first] + rest[:k - 1]
+
+
+def _ms_database(sessions: list[TaskSession], ranked: list[list[Deployable]], picks: list[int],
+                 target: Target) -> ms.database.MemoryDatabase:
+    """A MetaSchedule database holding candidate ``picks[i]`` of each task that has one."""
+    mdb = ms.database.MemoryDatabase()
+    for s, cands, pick in zip(sessions, ranked, picks):
+        if cands:
+            c = cands[min(pick, len(cands) - 1)]
+            commit_best(mdb, s.kernel.mod, c.trace_json, c.latency_s, target)
+    return mdb
+
+
+def _compile_and_verify(result: ModelResult, model: Model, fused: tvm.IRModule, sessions: list[TaskSession],
+                        target: Target, output: str | None, seed: int, start: float, rpc: RpcConfig | None = None,
+                        untuned: bool = False, candidates: int = 1) -> dict[str, str]:
+    """Compile with every task's best record, or with the in-model choice among its ``candidates``
+    best (``model_choice``; ``result.tuning_s`` ends at the compiled model, counted from ``start``),
+    run and time it (on the RPC device when tuning was remote, the untuned build too when it runs;
+    ONNX Runtime runs here), and check its outputs. Returns workload id -> the deployed candidate's key."""
+    no_schedule = [s.kernel.name for s in sessions if not s.result.trace_json]
+    if no_schedule:
+        log.warning("%d task(s) have no valid schedule and run with TVM's default: %s", len(no_schedule),
+                    ", ".join(no_schedule))
+    ranked = [ranked_candidates(s, candidates) for s in sessions]
+    inputs = random_inputs(model, seed)
+    choice = choose([s.kernel.name for s in sessions], ranked,
+                    lambda picks: compile_model(fused, _ms_database(sessions, ranked, picks, target), target),
+                    inputs, target)
+    ex = choice.executable
+    result.tuning_s = time.monotonic() - start
+    result.deployed = {s.kernel.name: p for s, p in zip(sessions, choice.picks) if p}
+    result.choice_s = {"best_s": choice.best_s, "chosen_s": choice.chosen_s}
+    if choice.changed:
+        log.info("in-model choice: %d task(s) deploy another of their best records: %.3f ms (best records: %.3f ms)",
+                 choice.changed, choice.chosen_s * 1e3, choice.best_s * 1e3)
+    latency, result.max_abs_error = side_by_side(model, ex, inputs, target, rpc=rpc, untuned=untuned)
+    result.latency_s.update(latency)
+    if output:
+        _tvm.export_library(ex, output)
+    return {str(s.entry.workload_id): cands[min(p, len(cands) - 1)].candidate_key
+            for s, cands, p in zip(sessions, ranked, choice.picks) if cands}

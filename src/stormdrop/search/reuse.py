@@ -1,0 +1,375 @@
+"""Reuse: transfer-tuning, the best schedules of other workloads of the same class.
+
+Before the storm, the best stored schedule of each *other* workload of the same
+class (its fused-operator signature without shapes, e.g. ``conv2d_add_relu``)
+on the same target is replayed on this workload (Gibson & Cano, transfer-tuning).
+Then, as the paper's class is the main operator's, donors whose blocks are this
+workload's less some elementwise epilogue (a convolution + bias + ReLU for one
+with a residual add fused in as well): the extra epilogue blocks are inlined
+first, so the donor's trace meets the loop nests it was written for; then donors
+with the same main blocks and other elementwise epilogues (SiLU for ReLU6), no
+more of them: the trace treats this workload's epilogues as it treated its own,
+paired from the output back; last, donors with more epilogues than this workload
+(a fast SiLU's five blocks for ReLU6's three): the donor's extra inner epilogues
+are left out of its trace (the instructions that touch them, nothing else).
+Blocks are matched by kind, counters and variable numbers left out
+(``lv224_red`` is ``lv85_red``), in order.
+Tile factorizations that do not fit the new loop extents are mapped to the
+nearest valid factorization (inner levels first: they hold the register tile
+and the vector width), never dropped; the other decisions are kept.
+A donor's decisions are also moved into each of this workload's sketches (its design
+spaces: with the epilogue computed apart or inside the tiles, a write cache or not): the
+k-th tile size and categorical choice of the sketch take the donor's k-th, refitted. The
+donor's own structure is often the one that loses: undertuned donors computed their
+epilogue apart, and moved into the sketch that fuses it the same tiles ran 2.4-3.6x
+faster on a MobileNetV2 expansion convolution (RESULTS.md). A transfer
+that TVM or a postprocessor rejects is no candidate; a transfer that fails to
+build or run is measured data like any other. The phase proposes; the loop
+measures and the storm starts from what was measured.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+import tvm
+import tvm_ffi
+from tvm.s_tir import Schedule
+from tvm.s_tir.schedule import Instruction, Trace
+
+from stormdrop.errors import DatabaseError, SpecError, one_line
+from stormdrop.records import Phase
+from stormdrop.search.space import Candidate
+from stormdrop.storage.database import Database, WorkloadEntry
+from stormdrop.tvm_compat import trace_json as _tvm_json
+
+log = logging.getLogger("stormdrop")
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def nearest_factorization(old: list[int], extent: int, max_innermost: int = 0) -> list[int]:
+    """``len(old)`` factors whose product is ``extent``, each as close to ``old`` (log scale) as can be.
+
+    Filled from the innermost level outwards; the outermost level takes what remains.
+    """
+    if math.prod(old) == extent:
+        return list(old)
+    out = [1] * len(old)
+    rest = extent
+    for i in range(len(old) - 1, 0, -1):
+        limit = max_innermost if (i == len(old) - 1 and max_innermost > 0) else rest
+        options = [d for d in divisors(rest) if d <= limit] or [1]
+        out[i] = min(options, key=lambda d: (abs(math.log(d) - math.log(max(1, old[i]))), -d))
+        rest //= out[i]
+    out[0] = rest
+    return out
+
+
+# TOPI's elementwise blocks (add, multiply, ReLU as compute, a fast sigmoid as T_fast_exp + sigmoid, ...)
+_EPILOGUE = re.compile(r"^(T_[a-z_]+|compute|sigmoid|tanh|erf)$")
+
+
+def block_kind(name: str) -> str:
+    """A block's name without its counters and variable numbers: ``T_add1`` -> ``T_add``."""
+    return re.sub(r"\d+", "", name)
+
+
+def class_blocks(op_class: str) -> tuple[Counter, str]:
+    """An ``op_class`` (``model.tune.op_class``) as (block kinds counted, dtype)."""
+    blocks, _, dtype = op_class.rpartition(":")
+    return Counter(block_kind(b) for b in blocks.split("+")), dtype
+
+
+def related(donor_class: str, op_class: str) -> int | None:
+    """How near a donor's class is to this one (None: unrelated). 0: the same blocks; 1: the donor's
+    blocks are this class's less some elementwise epilogues (inlined before its trace is replayed);
+    2: the same main blocks, the donor's epilogues other elementwise ops, no more of them than here
+    (conv + bias + SiLU for conv + bias + ReLU6: paired from the output back); 3: the same main
+    blocks, more epilogues in the donor (its extra inner ones left out of its trace)."""
+    (a, da), (b, db) = class_blocks(donor_class), class_blocks(op_class)
+    if da != db:
+        return None
+    if a == b:
+        return 0
+    if not (a - b) and all(_EPILOGUE.match(k) for k in b - a):
+        return 1
+    main_a, main_b = (Counter({k: n for k, n in c.items() if not _EPILOGUE.match(k)}) for c in (a, b))
+    if main_a and main_a == main_b:
+        return 2 if a.total() - main_a.total() <= b.total() - main_b.total() else 3
+    return None
+
+
+def block_names(sch: Schedule) -> list[str]:
+    """The names of the blocks under the root block, in order."""
+    return [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+
+
+def _renamed(trace: Trace, names: dict[str, str], dropped: Sequence[str] = ()) -> Trace:
+    """``trace`` with its block lookups renamed (``names``: donor block -> this workload's) and
+    the blocks in ``dropped`` left out: their lookups and every instruction that uses what those
+    produced (an inlining, say), nothing else."""
+    insts, decisions, dead = [], {}, []
+    for old in trace.insts:
+        lookup = str(old.attrs[0]) if old.kind.name == "GetSBlock" else None
+        if lookup in dropped or any(_uses(x, dead) for x in old.inputs):
+            dead.extend(old.outputs)
+            continue
+        inst = old
+        if lookup in names:
+            inst = Instruction(old.kind, old.inputs, [names[lookup], old.attrs[1]], old.outputs)
+        insts.append(inst)
+        if old in trace.decisions:
+            decisions[inst] = trace.decisions[old]
+    return Trace(insts, decisions)
+
+
+def _uses(value, dead: list) -> bool:
+    """Whether an instruction input is (or lists) one of the random variables in ``dead``."""
+    if value is None or isinstance(value, (int, float, str)):
+        return False
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
+        return any(_uses(v, dead) for v in value)
+    return any(value.same_as(d) for d in dead)
+
+
+def _match_blocks(donor: Schedule, sch: Schedule) -> tuple[dict[str, str], list[str], list[str]] | None:
+    """Donor block -> this workload's block: the output blocks when both are elementwise epilogues
+    (the one a schedule computes at the main block's tiles), then blocks of the same kind, in
+    order, then the donor's other elementwise epilogues to this workload's, paired from the last
+    back; this workload's blocks left over (each an elementwise epilogue, to inline first); and
+    the donor's left over (each an inner elementwise epilogue, to leave out of its trace). None
+    when a donor block has no counterpart."""
+    free, theirs = block_names(sch), block_names(donor)
+    names, unmatched = {}, []
+    if _EPILOGUE.match(block_kind(theirs[-1])) and _EPILOGUE.match(block_kind(free[-1])):
+        names[theirs.pop()] = free.pop()
+    for name in theirs:
+        match = next((m for m in free if block_kind(m) == block_kind(name)), None)
+        if match is None:
+            unmatched.append(name)
+            continue
+        free.remove(match)
+        names[name] = match
+    if not all(_EPILOGUE.match(block_kind(m)) for m in free + unmatched):
+        return None
+    n = min(len(free), len(unmatched))
+    names.update(zip(unmatched[len(unmatched) - n:], free[len(free) - n:]))
+    return names, free[:len(free) - n], unmatched[:len(unmatched) - n]
+
+
+def _inline(sch: Schedule, name: str) -> None:
+    """Inline an elementwise block into its consumer, or (an output block) into its producer."""
+    block = sch.get_sblock(name)
+    try:
+        sch.compute_inline(block)
+    except Exception:  # noqa: BLE001 - it writes an output: fold it into the block before it
+        sch.reverse_compute_inline(block)
+
+
+def transfer(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModule, postprocs: list) -> Schedule | None:
+    """The donor's schedule replayed on ``mod`` (blocks matched by kind, this workload's extra
+    elementwise epilogues inlined first, the donor's extra ones left out of its trace, tiles
+    refitted); None when it does not apply."""
+    try:
+        donor = _tvm_json.schedule_from_trace_json(donor_mod, donor_trace_json)
+        sch = Schedule(mod)
+        unscheduled = Schedule(donor_mod)
+        matched = _match_blocks(unscheduled, sch)
+        if matched is None:
+            return None
+        names, extra, dropped = matched
+        if block_names(unscheduled)[-1] in dropped:
+            return None  # the donor's output block has no counterpart here
+        for name in extra:
+            _inline(sch, name)
+        trace = _renamed(donor.trace, names, dropped)
+
+        def refit(inst, inputs, attrs, decision):
+            if inst.kind.name == "SamplePerfectTile":
+                extent = int(sch.get(inputs[0]).extent)
+                return nearest_factorization([int(d) for d in decision], extent, int(attrs[1]))
+            return decision
+
+        trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=refit)
+        sch.enter_postproc()
+        if not all(p.apply(sch) for p in postprocs):
+            return None
+        return sch
+    except Exception as err:  # noqa: BLE001 - a trace that does not fit this workload is no candidate
+        log.debug("transfer failed: %s", one_line(err))
+        return None
+
+
+def _decisions(trace: Trace) -> tuple[list[list[int]], list[int]]:
+    """A trace's tile sizes and categorical choices, in order."""
+    tiles, cats = [], []
+    for inst in trace.insts:
+        decision = trace.decisions.get(inst)
+        if decision is None:
+            continue
+        if inst.kind.name == "SamplePerfectTile":
+            tiles.append([int(d) for d in decision])
+        elif inst.kind.name == "SampleCategorical":
+            cats.append(int(decision))
+    return tiles, cats
+
+
+def in_sketches(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModule, spaces: Sequence[Schedule],
+                postprocs: list) -> list[Schedule]:
+    """The donor's decisions in each of ``mod``'s sketches (``spaces``, its design spaces) whose tile
+    instructions line up with the donor's (as many, the same lengths): the k-th tile size (refitted)
+    and categorical choice of the sketch are the donor's k-th. Sketches that do not line up, or
+    that TVM or a postprocessor rejects, give nothing."""
+    try:
+        tiles, cats = _decisions(_tvm_json.schedule_from_trace_json(donor_mod, donor_trace_json).trace)
+    except Exception as err:  # noqa: BLE001 - a donor trace that no longer replays gives nothing
+        log.debug("donor trace does not replay: %s", one_line(err))
+        return []
+    out = []
+    for space in spaces:
+        own = [i for i in space.trace.insts if i.kind.name == "SamplePerfectTile"]
+        if len(own) != len(tiles) or any(len(space.trace.decisions[i]) != len(t) for i, t in zip(own, tiles)):
+            continue
+        sch, counts = Schedule(mod), {"SamplePerfectTile": 0, "SampleCategorical": 0}
+
+        def provide(inst, inputs, attrs, decision, sch=sch, counts=counts):
+            kind = inst.kind.name
+            if kind not in counts:
+                return decision
+            k = counts[kind]
+            counts[kind] += 1
+            if kind == "SamplePerfectTile":
+                return nearest_factorization(tiles[k], int(sch.get(inputs[0]).extent), int(attrs[1]))
+            return cats[k] if k < len(cats) and cats[k] < len(attrs[0]) else decision
+
+        try:
+            space.trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=provide)
+            sch.enter_postproc()
+            if all(p.apply(sch) for p in postprocs):
+                out.append(sch)
+        except Exception as err:  # noqa: BLE001 - a sketch these decisions do not fit gives nothing
+            log.debug("donor decisions do not fit a sketch: %s", one_line(err))
+    return out
+
+
+def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int | None = None,
+           others: Sequence[Database] = (), per_donor: int = 1, order: str = "class"
+           ) -> list[tuple[WorkloadEntry, list[str]]]:
+    """(workload, its ``per_donor`` best traces) of the other workloads of a related class (at most
+    ``limit``). ``order="class"``: the same class first, then the same less elementwise epilogues,
+    then the same main operator with other epilogues, then with more of them (``related``); within
+    each, nearest shapes first (``shape_distance``, then FLOPs). ``order="shape"``: nearest shapes
+    first whatever the epilogues (a 1x1 expansion convolution + ReLU6 takes an expansion + SiLU's
+    schedule before a projection + bias's), the relation breaking ties.
+
+    ``others``: more databases to draw donors from (``--reuse-from``, read only); there the same
+    workload counts too (tuned for another model, say), and comes first.
+    """
+    out = []
+    for source in (db, *others):
+        for other in source.workloads():
+            rank = related(other.op_class, entry.op_class)
+            if rank is None:
+                continue
+            same = other.shash == entry.shash and tvm_ffi.structural_equal(other.mod, entry.mod)
+            if same and source is db:
+                continue
+            best = source.best(other.workload_id, target_key, k=per_donor)
+            if best:
+                out.append((other, [r.trace_json for r in best], (not same, rank)))
+    if order not in ("class", "shape"):
+        raise ValueError(f"donor order {order!r}: 'class' or 'shape'")
+
+    def key(d):
+        elsewhere, rank = d[2]  # not this very workload (tuned in another database), the relation
+        near = (shape_distance(d[0].mod, entry.mod), abs(math.log(max(d[0].flops, 1)) - math.log(max(entry.flops, 1))))
+        return (elsewhere, rank, *near) if order == "class" else (elsewhere, near[0], rank, near[1])
+
+    out.sort(key=key)
+    return [(w, t) for w, t, _ in out[:limit]]
+
+
+def shape_distance(a: tvm.IRModule, b: tvm.IRModule) -> float:
+    """How far apart two kernels' shapes are: the summed |log| ratios of their parameters' dims,
+    inputs in order and the outputs (a fused residual operand more in one of them left out; inf
+    when the compared parameters differ in rank)."""
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    try:
+        sa, sb = ([[int(d) for d in info.shape] for info in ArgInfo.from_prim_func(m["main"])] for m in (a, b))
+    except Exception:  # noqa: BLE001 - symbolic shapes
+        return math.inf
+    n = min(len(sa), len(sb))
+    pairs = list(zip(sa[:n - 1], sb[:n - 1])) + [(sa[-1], sb[-1])]
+    if not n or any(len(x) != len(y) for x, y in pairs):
+        return math.inf
+    return sum(abs(math.log(max(x, 1)) - math.log(max(y, 1))) for xs, ys in pairs for x, y in zip(xs, ys))
+
+
+def transfers(db: Database, entry: WorkloadEntry, target_key: str, postprocs: list, limit: int = 8,
+              others: Sequence[Database] = (), per_donor: int = 1, order: str = "class",
+              spaces: Sequence[Schedule] = (), enough: int = 0, sketch_donors: int = 0) -> list[list[Candidate]]:
+    """Transferred schedules for ``entry`` from at most ``limit`` donors (``donors`` order), one
+    list per donor: its ``per_donor`` best records transferred, distinct, best first, then its best
+    record's decisions in each of ``spaces`` (``in_sketches``). A donor none of whose schedules
+    transfers gives its place to the next one. ``enough`` > 0: no more donors once the groups hold
+    that many (each transfer costs a replay and the postprocessors). ``sketch_donors`` > 0: only the
+    first that many donors' decisions go into ``spaces``."""
+    groups, seen = [], set()
+    for donor, traces in donors(db, entry, target_key, others=others, per_donor=per_donor, order=order):
+        if len(groups) >= limit or (enough and sum(map(len, groups)) >= enough):
+            break
+        group = []
+        schedules = [transfer(donor.mod, t, entry.mod, postprocs) for t in traces]
+        if spaces and (not sketch_donors or len(groups) < sketch_donors):
+            schedules += in_sketches(donor.mod, traces[0], entry.mod, spaces, postprocs)
+        for sch in schedules:
+            if sch is None:
+                continue
+            cand = Candidate.from_schedule(sch, Phase.REUSE)
+            if cand.key not in seen:
+                seen.add(cand.key)
+                group.append(cand)
+        if group:
+            groups.append(group)
+    log.debug("reuse: %d candidates from %d donors", sum(map(len, groups)), len(groups))
+    return groups
+
+
+def chosen_transfers(groups: list[list[Candidate]], budget: int,
+                     rank: Callable[[list[Candidate]], list[float]] | None = None,
+                     whole: bool = False) -> list[Candidate]:
+    """The transfers to measure, at most ``budget``: each donor's first in donor order (as many as there
+    are donors); ``whole``: each donor's whole group, nearest donor first, up to ``budget``; with
+    ``rank`` (cost-model scores, higher is faster) and more than one donor, the nearest donor's
+    first, then every other transfer by score (as many as there are donors)."""
+    if whole and rank is None:
+        return [c for g in groups for c in g][:budget]
+    if rank is None or len(groups) < 2:
+        return [g[0] for g in groups[:budget]]
+    rest = [c for g in groups for c in g][1:]
+    scores = rank(rest)
+    ranked = sorted(range(len(rest)), key=lambda i: -scores[i])
+    return [groups[0][0], *(rest[i] for i in ranked)][:min(budget, len(groups))]
+
+
+def open_donors(paths: Sequence[str | os.PathLike]) -> list[Database]:
+    """The ``--reuse-from`` databases, read only (SpecError naming the first that cannot be opened)."""
+    out: list[Database] = []
+    try:
+        for p in paths:
+            out.append(Database(p, read_only=True))
+    except DatabaseError as err:
+        for d in out:
+            d.close()
+        raise SpecError(f"--reuse-from: {err}") from None
+    return out

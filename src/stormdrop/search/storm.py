@@ -1,0 +1,327 @@
+"""Storm: exploration with MetaSchedule's evolutionary search and a learned cost model.
+
+The storm proposes batches of candidates and is told their results; it never
+builds or runs anything. Under the hood it is Ansor's method as MetaSchedule
+implements it: sketches from the ``post-order-apply`` design space, random
+annotation, evolution guided by an XGBoost model over per-store features.
+Its parameters are tuned for small budgets (the per-trial overhead of the
+search is part of the user's wait): a smaller population, and, on x86, a cost
+model that predicts from the first batch on (``prior.py``: it starts trained on
+measured schedules of other kernels and retrains on them plus every measurement
+of this workload; ``--no-prior`` turns it off); elsewhere the model starts cold
+and predicts after the first (random) batch instead of after 100 samples.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+import tvm.s_tir.meta_schedule as ms
+from tvm.target import Target
+
+from stormdrop.records import MeasureResult, Phase
+from stormdrop.search import prior
+from stormdrop.search.space import Candidate
+from stormdrop.target import physical_cores
+from stormdrop.tvm_compat import patches as _tvm
+
+log = logging.getLogger("stormdrop")
+
+
+@dataclass(frozen=True)
+class StormConfig:
+    """Evolutionary search parameters (Ansor's names; defaults for small budgets)."""
+
+    batch_size: int = 16
+    # 128 x 2 instead of MetaSchedule's 512 x 4: a trained model scores every member of every
+    # generation (feature extraction), about six times the work at 512 x 4 for second batches of
+    # the same quality (a standalone A/B on a 3x3 convolution, 2 seeds).
+    population_size: int = 128
+    genetic_num_iters: int = 2
+    genetic_mutate_prob: float = 0.85
+    init_measured_ratio: float = 0.2
+    init_min_unmeasured: int = 64
+    eps_greedy: float = 0.05
+    cost_model: str = "xgb"
+    # Start the XGBoost model from the shipped prior (prior.py) where it applies (x86), and
+    # take the first batch as the prior's top picks among prior_pool x batch_size random
+    # samples of the design space (cheap to draw; only measuring costs): faster kernels in less
+    # time in its A/B (README "Prior", RESULTS.md).
+    prior: bool = True
+    prior_pool: int = 8
+    # Reuse (--reuse N): 1: the nearest N donors' best records, in donor order (transfer-tuning's
+    # choice). k > 1, with a prior: the best two records of each of the nearest k x N donors are
+    # transferred; the nearest donor's best and the N - 1 the prior ranks fastest are measured (no
+    # more than there are donors). Not the default: where it was measured it was no better than donor
+    # order within the runs' noise and took longer (README "Reuse", RESULTS.md).
+    transfer_pool: int = 1
+    # Which donors reuse tries first (reuse.donors): "class" (the nearest relation of the fused
+    # operators, then shapes) or "shape" (the nearest shapes, then the relation: no better where
+    # it was measured, RESULTS.md).
+    donor_order: str = "class"
+    # Reuse also moves each donor's decisions into every sketch of the workload (reuse.in_sketches)
+    # and measures each donor's transfers together, nearest donor first, up to the reuse budget
+    # (False: one transfer a donor, the donor's own structure).
+    transfer_sketches: bool = True
+    # With transfer_sketches: only the nearest k donors are moved into the sketches, the others
+    # give their best as it transfers (0: every donor). On the pairs so far the sketches won where
+    # the donors' structure was wrong (mobilenet_v2) and cost donor variety where near-exact
+    # donors existed (the ResNets); k = 1 keeps both (not measured yet).
+    sketch_donors: int = 0
+
+
+def make_context(mod: tvm.IRModule, target: Target, *, seed: int, strategy: object = "evolutionary",
+                 name: str = "main", threads: int | None = None) -> ms.TuneContext:
+    """A TuneContext for ``mod`` on ``target`` (design space + postprocessors initialised).
+
+    MetaSchedule's searches draw with one random state per thread and hand out work to
+    threads dynamically, so only ``threads=1`` makes a seed reproduce the same samples.
+    """
+    _tvm.load_tensor_intrinsics(target)
+    _tvm.register_default_pool_rules()
+    return ms.TuneContext(mod, target=target, space_generator="post-order-apply",
+                          search_strategy=strategy, task_name=name, rand_state=seed,
+                          num_threads=threads or physical_cores())
+
+
+_PRIOR_CACHE: dict[str, tuple[list, object]] = {}
+
+
+def new_xgb_model(target: Target, groups: list[prior.PriorGroup] = (), *,
+                  warmup: int = 16) -> ms.cost_model.XGBModel:
+    """An XGBoost cost model; trained on ``groups`` (a prior) when given, else cold.
+
+    With a prior the model predicts from the first batch and retrains on every
+    update (MetaSchedule's adaptive training would skip all updates smaller than
+    a fifth of the data, i.e. every update of this workload).
+    """
+    from tvm.s_tir.meta_schedule.cost_model.xgb_model import FeatureGroup
+
+    cores = int(target.attrs.get("num-cores", 1)) if target.kind.name == "llvm" else None
+    model = ms.cost_model.XGBModel(num_warmup_samples=0 if groups else warmup, num_tuning_cores=cores,
+                                   adaptive_training=not groups, verbose_eval=10**9)
+    if not groups:
+        return model
+    key = ",".join(g.name for g in groups)
+    if key not in _PRIOR_CACHE:
+        data = [FeatureGroup("prior:" + g.name, list(g.features), g.costs) for g in groups]
+        xs = [f for g in data for f in g.features]
+        ys = np.concatenate([np.divide(g.min_cost, g.costs, out=np.zeros_like(g.costs), where=g.costs != 0)
+                             for g in data])
+        model._train(xs=xs, ys=ys)  # noqa: SLF001 - MetaSchedule's training on our data groups
+        _PRIOR_CACHE[key] = (data, model.booster)
+    data, booster = _PRIOR_CACHE[key]
+    for g in data:  # prior groups are shared read-only: updates only append to this workload's group
+        model.data[g.group_hash] = g
+        model.data_size += len(g.costs)
+    model.booster = booster
+    return model
+
+
+def to_runner_result(result: MeasureResult) -> ms.runner.RunnerResult:
+    if result.ok:
+        return ms.runner.RunnerResult(run_secs=list(result.run_secs), error_msg=None)
+    return ms.runner.RunnerResult(run_secs=None, error_msg=f"{result.error.value}: {result.error_msg}")
+
+
+class Storm:
+    """Ask/tell wrapper around MetaSchedule's EvolutionarySearch for one workload."""
+
+    def __init__(self, mod: tvm.IRModule, target: Target, *, trials: int, seed: int,
+                 config: StormConfig | None = None,
+                 history: list[tuple[Candidate, MeasureResult]] = ()) -> None:
+        self.config = cfg = config or StormConfig()
+        # On a GPU most random schedules fail MetaSchedule's checks (threads, shared memory): asking
+        # for 64 valid ones of 128 ended the storm of a conv on an H100 after 28 of its 64 trials
+        # (RESULTS "Kernels on an NVIDIA H100"); a batch's worth is enough to evolve from
+        min_unmeasured = cfg.init_min_unmeasured if target.kind.name != "cuda" else \
+            min(cfg.init_min_unmeasured, cfg.batch_size)
+        strategy = ms.search_strategy.EvolutionarySearch(
+            population_size=cfg.population_size, init_measured_ratio=cfg.init_measured_ratio,
+            init_min_unmeasured=min_unmeasured, genetic_num_iters=cfg.genetic_num_iters,
+            genetic_mutate_prob=cfg.genetic_mutate_prob, eps_greedy=cfg.eps_greedy,
+        )
+        self.ctx = make_context(mod, target, seed=seed, strategy=strategy)
+        self.target = target
+        self.database = ms.database.MemoryDatabase()
+        self.workload = self.database.commit_workload(mod)
+        if cfg.cost_model == "xgb":
+            groups = prior.for_target(target) if cfg.prior else []
+            self.cost_model = new_xgb_model(target, groups, warmup=cfg.batch_size)
+        else:
+            self.cost_model = ms.cost_model.CostModel.create(cfg.cost_model)
+        self._pending: list[ms.MeasureCandidate] = []
+        self.remaining = trials
+        self.measured = 0  # measurements of this workload the model has been told
+        self.explored = 0  # of those, the storm's own (random or evolved), stored or told
+        self._untrained: tuple[list, list] = ([], [])  # told, not yet trained on (see ``_trained``)
+        self._seen: set[str] = set()  # keys of candidates proposed or learnt
+        self._learn(history)
+        self._cold_ctx: ms.TuneContext | None = None
+        self._spaces: list | None = None
+        if trials > 0:
+            spaces = self.design_spaces()
+            # MetaSchedule counts a full batch per round even when the evolution finds fewer new
+            # candidates (duplicates): with max_trials = trials the storm lost 2-4 of 32 trials.
+            # ``remaining`` ends the storm; the slack allows four short rounds.
+            self.ctx.pre_tuning(max_trials=trials + 4 * cfg.batch_size, num_trials_per_iter=cfg.batch_size,
+                                design_spaces=spaces,
+                                database=self.database, cost_model=self.cost_model)
+            if self._cold():
+                # While the cost model still answers with random numbers (its warm-up), evolving a
+                # population against it is wasted work (two orders of magnitude more than
+                # sampling): sample the design space at random instead, as the
+                # evolution's own initial population does. A prior ranks a larger random pool.
+                # One thread: the same seed draws the same first batch (sampling 128 is cheap).
+                pool = cfg.batch_size * (max(1, cfg.prior_pool) if self._prior else 1)
+                self._cold_ctx = make_context(mod, target, seed=seed, strategy=ms.search_strategy.ReplayTrace(),
+                                              threads=1)
+                self._cold_ctx.pre_tuning(max_trials=max(trials, pool), num_trials_per_iter=pool,
+                                          design_spaces=spaces, database=self.database, cost_model=None)
+
+    def design_spaces(self) -> list:
+        """The workload's sketches (MetaSchedule's design spaces, random decisions), made once."""
+        if self._spaces is None:
+            self._spaces = list(self.ctx.generate_design_space())
+        return self._spaces
+
+    @property
+    def ranks(self) -> bool:
+        """Whether the cost model ranks with knowledge before any measurement (a prior)."""
+        return self._prior
+
+    @property
+    def _prior(self) -> bool:
+        return self.config.prior and isinstance(self.cost_model, ms.cost_model.XGBModel) \
+            and self.cost_model.num_warmup_samples == 0
+
+    def _cold(self) -> bool:
+        """True before the first batch is chosen by a model of this workload: while XGBoost predicts
+        at random (before its warm-up samples), or, with a prior, before any own measurement."""
+        model = self.cost_model
+        if self._prior:
+            # Reuse's transfers do not end it: evolving from a few transferred schedules (the only
+            # measured members of the population) can keep a storm in their basin (nearly every
+            # candidate with the donor's column tile, README "Storm after reuse"); a first batch of
+            # the prior's picks among random samples shows the model, and the population, the rest
+            # of the space.
+            return self.explored == 0
+        return isinstance(model, ms.cost_model.XGBModel) and model.data_size < model.num_warmup_samples
+
+    def _search(self) -> ms.TuneContext:
+        """The context that proposes (and is told) the current batch: random while cold, else evolution."""
+        return self._cold_ctx if self._cold_ctx is not None and self._cold() else self.ctx
+
+    def _learn(self, history: list[tuple[Candidate, MeasureResult]]) -> None:
+        """Warm start from stored measurements: seed the population and tell the model (trained when next used)."""
+        if not history:
+            return
+        cands = [c.measure_candidate for c, _ in history]
+        self._seen.update(c.key for c, _ in history)
+        self._told(cands, [to_runner_result(r) for _, r in history])
+        self._commit(cands, [r for _, r in history])
+        self.explored += sum(c.phase == Phase.STORM for c, _ in history)
+
+    def absorb(self, candidates: list[Candidate], results: list[MeasureResult],
+               fresh: Sequence[bool] | None = None) -> None:
+        """Measurements made outside the storm (reuse): learnt, seeded, and out of its budget (those
+        ``fresh`` ones only: a stored result was charged when it was measured)."""
+        self._learn(list(zip(candidates, results)))
+        self.remaining -= len(candidates) if fresh is None else sum(map(bool, fresh))
+
+    def _told(self, cands: list[ms.MeasureCandidate], results: list[ms.runner.RunnerResult]) -> None:
+        self._untrained[0].extend(cands)
+        self._untrained[1].extend(results)
+        self.measured += len(cands)
+
+    def _trained(self) -> ms.cost_model.CostModel:
+        """The cost model, trained on all it was told, when it is about to be used. XGBoost retrains
+        on the prior and every measurement at each update (seconds on 2 cores): a reuse-only run never
+        uses the model, and reuse's transfers and the first storm batch are one training, not two."""
+        cands, results = self._untrained
+        if cands:
+            self._untrained = ([], [])
+            self.cost_model.update(self.ctx, cands, results)
+        return self.cost_model
+
+    def _commit(self, cands: list[ms.MeasureCandidate], results: list[MeasureResult]) -> None:
+        for cand, result in zip(cands, results):
+            if result.ok:
+                self.database.commit_tuning_record(ms.database.TuningRecord(
+                    cand.sch.trace, self.workload, list(result.run_secs), self.target, cand.args_info))
+
+    def propose(self, limit: int | None = None) -> list[Candidate] | None:
+        """The next batch to measure (at most ``limit``), or None when the storm is over.
+
+        Schedules already proposed or learnt are dropped: random pools (and the prior's top
+        picks of one) hold duplicates, which the session would not measure again.
+        """
+        if self.remaining <= 0:
+            return None
+        self._trained()  # the evolution ranks its population with the model
+        pool = self._draw()
+        if self._prior and self._cold():
+            pool = self._ranked(pool)
+        size = min(self.remaining, limit or self.remaining, self.config.batch_size)  # reuse came out of the budget
+        self._pending, out = [], []
+        for mc in pool:
+            cand = Candidate.from_schedule(mc.sch, Phase.STORM, mc.args_info)
+            if cand.key not in self._seen and len(out) < size:
+                self._seen.add(cand.key)
+                self._pending.append(mc)
+                out.append(cand)
+        if not out:
+            self.remaining = 0
+            return None
+        return out
+
+    def _draw(self, tries: int = 3) -> list[ms.MeasureCandidate]:
+        """The search's next candidates; an empty draw (too few valid random schedules sampled this
+        time) is drawn again, from new random samples, up to ``tries`` times before the storm ends."""
+        for _ in range(tries):
+            pool = list(self._search().generate_measure_candidates() or [])
+            if pool:
+                return pool
+        return []
+
+    def tell(self, candidates: list[Candidate], results: list[MeasureResult],
+             fresh: Sequence[bool] | None = None) -> None:
+        """Results of the last proposed batch, in the same order; ``fresh``: which of them were
+        measured for it (the others were stored already and cost nothing; default: all)."""
+        cands = self._pending
+        runner_results = [to_runner_result(r) for r in results]
+        self._search().notify_runner_results(cands, runner_results)
+        self._told(cands, runner_results)
+        self._commit(cands, results)
+        self.explored += len(cands)
+        self.remaining -= len(cands) if fresh is None else sum(map(bool, fresh))
+        self._pending = []
+
+    def _ranked(self, pool: list[ms.MeasureCandidate]) -> list[ms.MeasureCandidate]:
+        """A random pool ordered by the prior, best first."""
+        if not pool:
+            return pool
+        scores = np.asarray(self._trained().predict(self.ctx, pool), dtype=float)
+        return [pool[i] for i in np.argsort(-scores, kind="stable")]
+
+    def predict(self, candidates: list[Candidate], learn: bool = True) -> list[float]:
+        """Cost-model scores (higher is faster) for candidates of this workload; ``learn=False``: as
+        the model stands, without training first on what it was told since (see ``_trained``)."""
+        if not candidates:
+            return []
+        model = self._trained() if learn else self.cost_model
+        scores = model.predict(self.ctx, [c.measure_candidate for c in candidates])
+        return [float(s) for s in scores]
+
+    def close(self) -> None:
+        if self.remaining >= 0 and self._pending == []:
+            try:
+                for ctx in (self.ctx, self._cold_ctx):
+                    if ctx is not None:
+                        ctx.post_tuning()
+            except Exception:  # noqa: BLE001 - post_tuning before pre_tuning raises; nothing to clean
+                pass

@@ -1,0 +1,188 @@
+"""The one driver: a kernel is a model with one task.
+
+``drive`` steps the tasks' tuners (the gradient task scheduler picks the next one)
+until a budget is spent or every task is done, then finishes each task and
+verifies their best records (``verify_bests``). ``tune_kernel`` drives one task,
+``tune_model`` a model's tasks; both share this loop, the ledger of measured
+trials and the verification.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from stormdrop.search.storm import StormConfig
+from stormdrop.tuning.scheduler import GradientScheduler, TaskState
+from stormdrop.tuning.task import TaskSession, TaskTuner
+from stormdrop.tuning.verify import verify_bests
+
+
+@dataclass(frozen=True)
+class Budget:
+    """When the driver stops: ``trials`` measured in all (a hard cap; None: none), the wall-clock
+    ``deadline`` (``time.monotonic()``; inf: none). ``extend``: with time left after every task
+    is done, the costliest task gets another storm round and raindrop (``TaskTuner.extend``)."""
+
+    trials: int | None = None
+    deadline: float = math.inf
+    extend: bool = False
+    per_task_cap: int | None = None  # said in the stop reason only
+    builds_after: int = 0  # builds after verification that the deadline covers (a model's compile: one a task)
+
+    def spent(self, used: int, reserve_s: float = 0.0) -> str:
+        """Which budget is spent ("" while neither); ``reserve_s``: the time still needed after the
+        search (see ``finishing_s``), so that the whole run ends by the deadline."""
+        if self.trials is not None and used >= self.trials:
+            return "the trial budget"
+        return "the time budget" if time.monotonic() + reserve_s >= self.deadline else ""
+
+
+def finishing_s(sessions: Sequence[TaskSession], step_s: float, builds_after: int = 0) -> float:
+    """Wall seconds a run still needs once its search stops: ``step_s``, a step that may be under
+    way when the deadline comes (``next_step_s``), every task's best built and measured once more
+    in one batch (``verify_bests``), and ``builds_after`` kernels compiled into the model, as
+    measured by the gateway so far (without it a BERT-base tune ran past its budget by a sixth)."""
+    gateway = getattr(sessions[0], "gateway", None) if sessions else None
+    if gateway is None:
+        return step_s
+    return step_s + gateway.batch_s(len(sessions)) + gateway.compile_s(builds_after)
+
+
+def next_step_s(steps: Sequence[float], extension_steps: Sequence[float], extending: bool) -> float:
+    """How long the next step may take: the longest of the last 8; an extension's first step (a
+    storm round: evolution on the cost model, then its batch) the longest extension step so far,
+    or before any the longest step but the warm-up (an extension's first step can take several
+    times a raindrop step: taken as one, a run ended past its budget)."""
+    if not extending:
+        return max(steps[-8:], default=0.0)
+    return max(extension_steps or steps[1:], default=0.0)
+
+
+def first_round_limit(waiting: int, first_rounds: Sequence[tuple[float, int]], time_left: float) -> int | None:
+    """Candidates each of the ``waiting`` tasks not yet reached may measure in its first round so
+    that all of them fit in ``time_left`` (the deadline less the finishing), scaled from the first
+    rounds so far ((seconds, candidates) each) but the very first, which pays the gateway's warm-up
+    (an order of magnitude slower than the next ones); None while full rounds fit. At least one: a
+    task never reached runs as a naive loop nest. (Without the limit, a many-task model given a
+    short budget for transfers and raindrop ran past its deadline on first rounds.)"""
+    rounds = first_rounds[1:]
+    if not waiting or not rounds:
+        return None
+    seconds = sum(s for s, _ in rounds) / len(rounds)
+    if waiting * seconds <= time_left:
+        return None
+    size = sum(n for _, n in rounds) / len(rounds)
+    return max(1, int(size * max(time_left, 0.0) / (waiting * seconds)))
+
+
+def measured(session: TaskSession) -> int:
+    """Candidates this run measured for the task (reuse, storm, raindrop; failures included)."""
+    t = session.result.trials
+    return t["reuse"] + t["storm"] + t["raindrop"]
+
+
+def most_costly(states: list[TaskState], exhausted: set[int], extensions: dict[int, int] | None = None) -> int | None:
+    """The task with the largest weight x best latency, over one more than the extensions it had
+    (``extensions``: so that one task does not take every extension), that can still find something new."""
+    n = extensions or {}
+    live = [i for i, t in enumerate(states) if i not in exhausted and math.isfinite(t.best)]
+    return max(live, key=lambda i: states[i].weight * states[i].best / (1 + n.get(i, 0)), default=None)
+
+
+def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights: Sequence[int], budget: Budget, *,
+          used: int = 0, seed: int = 0, storm: StormConfig | None = None,
+          on_step: Callable[[int, int], None] | None = None) -> str:
+    """Tune until ``budget`` is spent or every task is done; then finish and verify every task.
+
+    ``used``: trials already spent against ``budget.trials`` (earlier runs' measurements of these
+    tasks: a resumed run measures no more than an uninterrupted one). ``on_step(i, used)`` hears
+    each batch. Returns why tuning stopped.
+    """
+    states = [TaskState(w, max(s.kernel.flops, 1), s.kernel.op_class) for s, w in zip(sessions, weights)]
+    sched = GradientScheduler(states, seed=seed)
+    for i, session in enumerate(sessions):
+        if math.isfinite(session.best):
+            # an earlier run of these tasks gave this one its warm-up round: a resumed run goes on
+            # as the uninterrupted one would have, with the tasks it never reached (without this,
+            # a resumed run could spend the rest of --trials before a last task got any trial)
+            sched.tell(i, session.best)
+    exhausted: set[int] = set()
+    extended: dict[int, int] = {}
+    extensions: dict[int, int] = {}  # how many each task had
+    steps: list[float] = []  # wall seconds of each step
+    extension_steps: list[float] = []  # of each extension's first step
+    first_rounds: list[tuple[float, int]] = []  # (seconds, candidates) of the tasks' first rounds
+    cap = budget.trials
+
+    def waiting() -> int:  # tasks yet to have their first round
+        return sum(t.rounds == 0 and not t.finished for t in states)
+
+    def finish_s(extending: bool = False) -> float:
+        return finishing_s(sessions, next_step_s(steps, extension_steps, extending), budget.builds_after)
+
+    def reserve_s() -> float:
+        # until every task has had its first round, only the deadline itself stops the search: a task
+        # never reached runs as a naive loop nest, often slower than the rest of the model together
+        # (the first rounds shrink instead: first_round_limit)
+        return 0.0 if waiting() else finish_s()
+
+    def limit(i: int) -> int | None:
+        caps = [] if cap is None else [cap - used]  # --trials is a hard cap
+        if states[i].rounds == 0 and math.isfinite(budget.deadline):
+            left = budget.deadline - time.monotonic() - finish_s()
+            shrunk = first_round_limit(waiting(), first_rounds, left)
+            caps += [shrunk] if shrunk else []
+        return min(caps, default=None)
+
+    while not (stopped_by := budget.spent(used, reserve_s())):
+        i, extending = sched.next_task(), False
+        if i is None and budget.extend:
+            # the per-task cap is a default, not a reason to stop with time left: the
+            # task with the largest weight x latency gets another storm round + raindrop
+            i = most_costly(states, exhausted, extensions)
+            if i is not None:
+                if stopped_by := budget.spent(used, finish_s(extending=True)):
+                    break
+                extending = True
+                extensions[i] = extensions.get(i, 0) + 1
+                batch = (storm or StormConfig()).batch_size
+                tuners[i].extend(batch, batch)
+                states[i].finished = False
+                extended[i] = measured(sessions[i])
+        if i is None:
+            if budget.extend:
+                stopped_by = "every task exhausted (another storm round found nothing new)"
+            elif budget.per_task_cap is not None:
+                stopped_by = f"every task done (converged or at its cap of {budget.per_task_cap} trials)"
+            else:
+                stopped_by = "every task done"
+            break
+        before, t0, first = measured(sessions[i]), time.monotonic(), states[i].rounds == 0
+        tuners[i].step(limit=limit(i))
+        steps.append(time.monotonic() - t0)
+        if extending:
+            extension_steps.append(steps[-1])
+        if first and measured(sessions[i]) > before:
+            first_rounds.append((steps[-1], measured(sessions[i]) - before))
+        sessions[i].result.tuning_s += steps[-1]  # each task's own share of the wait
+        used += measured(sessions[i]) - before
+        if tuners[i].done and extended.get(i) == measured(sessions[i]):
+            exhausted.add(i)  # its extension found nothing new to measure
+        sched.tell(i, sessions[i].best, finished=tuners[i].done)
+        if on_step is not None:
+            on_step(i, used)
+    for tuner, session in zip(tuners, sessions):
+        t0 = time.monotonic()
+        tuner.finish()
+        session.result.tuning_s += time.monotonic() - t0
+    t0 = time.monotonic()
+    verify_bests(sessions)
+    share = (time.monotonic() - t0) / max(len(sessions), 1)  # each task's equal share of the batch
+    for session, weight in zip(sessions, weights):
+        session.result.stored = session.tally()
+        session.result.tuning_s += share
+        session.result.weight = weight
+    return stopped_by

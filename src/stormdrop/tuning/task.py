@@ -1,0 +1,379 @@
+"""One task's tuning: reuse, storm, then raindrop; every result committed as measured.
+
+The loop asks a phase for candidates, looks each one up in the database (a
+schedule already measured is never measured again, which is also how a killed
+run resumes), measures the rest through the gateway, commits each record, and
+tells the phase. Then the best record is re-built from its stored trace and
+checked against the reference (``verify``): only a verified kernel is reported.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
+
+import tvm
+from tvm.target import Target
+
+from stormdrop import __version__
+from stormdrop.measure.gateway import Gateway
+from stormdrop.records import MeasureResult, Phase, Record
+from stormdrop.report.history import Trial
+from stormdrop.search.phases import PHASES
+from stormdrop.search.raindrop import Raindrop, RaindropConfig
+from stormdrop.search.space import Candidate, DecisionSpace
+from stormdrop.search.storm import Storm, StormConfig
+from stormdrop.storage.database import Database, WorkloadEntry
+from stormdrop.target import canonical, vector_lanes
+from stormdrop.tvm_compat import trace_json as _tvm_json
+from stormdrop.workloads import Kernel
+
+log = logging.getLogger("stormdrop")
+
+
+@dataclass
+class TaskResult:
+    """Outcome of tuning one task (kernel) on one target."""
+
+    name: str
+    workload: str
+    flops: int
+    latency_s: float | None
+    verified: bool
+    tuning_s: float
+    trials: dict[str, int] = field(default_factory=lambda: {"reuse": 0, "storm": 0, "raindrop": 0, "failed": 0})
+    trace_json: str | None = None
+    history: list[Trial] = field(default_factory=list)  # this run's measured trials, in order
+    weight: int = 1  # occurrences in a model
+    fallbacks: int = 0  # better records that failed verification (0: the best record itself was verified)
+    stored: dict[str, int] = field(default_factory=dict)  # the database's records of the task, this run's included
+
+    @property
+    def gflops(self) -> float | None:
+        return self.flops / self.latency_s / 1e9 if self.latency_s else None
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "workload": self.workload, "flops": int(self.flops),
+                "latency_s": self.latency_s, "verified": self.verified, "fallbacks": self.fallbacks,
+                "tuning_s": round(self.tuning_s, 3),
+                "trials": dict(self.trials), "stored": dict(self.stored),
+                "history": [t.to_json() for t in self.history]}
+
+
+class TaskSession:
+    """One workload on one target: the database, the gateway and the counters."""
+
+    def __init__(self, db: Database, gateway: Gateway, kernel: Kernel, target: Target, seed: int,
+                 progress: object = None) -> None:
+        self.db, self.gateway, self.kernel, self.target = db, gateway, kernel, target
+        self.target_key = canonical(target)
+        self.entry: WorkloadEntry = db.commit_workload(kernel.mod, name=kernel.name, op_class=kernel.op_class,
+                                                       flops=kernel.flops)
+        self.seed = seed
+        self.progress = progress
+        self.result = TaskResult(kernel.name, self.entry.shash, kernel.flops, None, False, 0.0)
+        self.best = min((r.mean for r in db.records(self.entry.workload_id, self.target_key) if r.ok),
+                        default=float("inf"))
+        self.started = time.monotonic()
+        self.fresh: list[bool] = []  # which candidates of the last ``evaluate`` it measured
+        gateway.prepare(self.entry.shash, kernel.mod, seed)
+
+    def stored(self, phase: Phase | None = None) -> list[Record]:
+        recs = self.db.records(self.entry.workload_id, self.target_key)
+        return [r for r in recs if phase is None or r.phase == phase]
+
+    def tally(self) -> dict[str, int]:
+        """The task's stored records (every run's): measured per phase, imported, failed."""
+        recs = self.stored()
+        out = {p.value: sum(r.phase == p and not r.imported for r in recs) for p in Phase}
+        out["imported"] = sum(r.imported for r in recs)
+        out["failed"] = sum(not r.ok for r in recs)
+        return out
+
+    def spent(self, phase: Phase | None = None) -> int:
+        """Trials earlier runs spent on this task (in ``phase``): the budget ledger. Records imported
+        from MetaSchedule were measured by another tuner and spend nothing here."""
+        return sum(not r.imported for r in self.stored(phase))
+
+    def evaluate(self, cands: list[Candidate]) -> list[MeasureResult]:
+        """Results for candidates: from the database when stored, else measured and committed.
+        ``fresh`` says afterwards which of them this call measured: the budget ledger charges a
+        phase for those only (a stored result, e.g. of a run that was killed, costs nothing again)."""
+        results: list[MeasureResult | None] = [None] * len(cands)
+        fresh = [False] * len(cands)
+        todo, retry = [], {}
+        for i, c in enumerate(cands):
+            rec = None if c.remeasure else self.db.lookup(self.entry.workload_id, self.target_key, c.key)
+            if rec is not None and not rec.retry_due:
+                results[i] = rec.result
+            else:
+                todo.append(i)
+                if rec is not None:  # a retryable failure (run timeout, runner crash): measured once more
+                    retry[i] = rec
+        versions = tool_versions()
+        wid, tgt = self.entry.workload_id, self.target_key
+        # another tuner on this database measures these right now: take its results, measure the rest
+        elsewhere = self.db.claim(wid, tgt, [cands[i].key for i in todo if not cands[i].remeasure], owner())
+        waiting = [i for i in todo if not cands[i].remeasure and cands[i].key in elsewhere]
+        todo = [i for i in todo if i not in waiting]
+
+        def commit(j: int, r: MeasureResult) -> None:  # each result committed as it arrives
+            i = todo[j]
+            results[i] = r
+            c = cands[i]
+            if c.remeasure:
+                return
+            fresh[i] = True
+            if i in retry:
+                self.db.commit_remeasure(retry[i], r, time.time(), versions)
+            else:
+                _, new = self.db.commit_record_new(Record(wid, tgt, c.key, c.trace_json, _args_json(c), r, c.phase,
+                                                          time.time(), versions))
+                if not new:  # claims and lookups exist to prevent this; benchmarks/faults.py counts it
+                    log.warning("%s: candidate %s was measured twice", self.kernel.name, c.key[:12])
+            self.db.release(wid, tgt, c.key, owner())
+            self.result.trials[c.phase.value] += 1
+            if not r.ok:
+                self.result.trials["failed"] += 1
+                log.debug("%s candidate failed: %s %s", c.phase.value, r.error.value, r.error_msg[:200])
+            elif r.mean < self.best:
+                self.best = r.mean
+            self.result.history.append(Trial(len(self.result.history) + 1, time.monotonic() - self.started,
+                                             r.mean if r.ok else None, _finite(self.best), c.phase, r.error))
+            if self.progress is not None:
+                self.progress.update(1)
+                self.progress.set_postfix_str(self.status(c.phase))
+
+        self.gateway.measure(self.entry.shash, [cands[i].mod for i in todo], on_result=commit)
+        for i in waiting:
+            r, fresh[i] = self._measured_elsewhere(cands[i])
+            results[i] = r
+            if r.ok and r.mean < self.best:
+                self.best = r.mean
+        self.fresh = fresh
+        return results  # type: ignore[return-value]
+
+    def _measured_elsewhere(self, cand: Candidate) -> tuple[MeasureResult, bool]:
+        """The result another tuner is measuring: its record once committed, or, if its claim
+        lapses without one (that tuner died), measured here (then True)."""
+        wid, tgt = self.entry.workload_id, self.target_key
+        while True:
+            rec = self.db.lookup(wid, tgt, cand.key)
+            if rec is not None and not rec.retry_due:
+                return rec.result, False
+            if not self.db.claimed(wid, tgt, cand.key):
+                result = self.evaluate([cand])[0]
+                return result, self.fresh[0]
+            time.sleep(0.2)
+
+    def status(self, phase: Phase) -> str:
+        failed = self.result.trials["failed"]
+        tail = f" {failed} failed" if failed else ""
+        if self.best == float("inf"):
+            return phase.value + tail
+        return f"{phase.value} best {self.best * 1e6:.1f} us {self.kernel.flops / self.best / 1e9:.1f} GFLOPS{tail}"
+
+    def candidate_of(self, record: Record, phase: Phase) -> Candidate:
+        sch = _tvm_json.schedule_from_trace_json(self.kernel.mod, record.trace_json)
+        return Candidate.from_schedule(sch, phase)
+
+
+@functools.cache
+def _owner_of(pid: int) -> str:
+    return f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex[:8]}"
+
+
+def owner() -> str:
+    """This process in the claims table (``host:pid:nonce``): a process forked from a tuner is an
+    owner of its own."""
+    return _owner_of(os.getpid())
+
+
+def tool_versions() -> str:
+    return f"stormdrop {__version__}; tvm {tvm.__version__}"
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _args_json(c: Candidate) -> str:
+    import json
+
+    return json.dumps([_tvm_json.to_py(a.as_json()) for a in c.args_info])
+
+
+class TaskTuner:
+    """One task's phases as a state machine: storm until its trials are stored, then raindrop.
+
+    ``step()`` runs one batch (propose, evaluate, tell) so that a scheduler can
+    interleave tasks; a kernel tune simply steps one tuner until it is done.
+    """
+
+    def __init__(self, task: TaskSession, *, trials: int, exploit_trials: int,
+                 storm: StormConfig | None = None, raindrop: RaindropConfig | None = None, reuse: int = 8,
+                 first_batch: int | None = None, phases: Sequence[Phase] = PHASES,
+                 donor_dbs: Sequence[Database] = ()) -> None:
+        self.phases = tuple(phases)  # which phases run (always in the order reuse, storm, raindrop)
+        self.task = task
+        self.trials = trials if Phase.STORM in self.phases else 0
+        self.exploit_trials = exploit_trials if Phase.RAINDROP in self.phases else 0
+        self.first_batch = first_batch  # size of the task's first storm batch (default: the storm's batch)
+        self.reuse_donors = reuse if Phase.REUSE in self.phases else 0  # at most this many same-class donors
+        self.donor_dbs = tuple(donor_dbs)  # more databases to draw donors from (read only)
+        self.reused = self.reuse_donors <= 0
+        # a raindrop without a storm starts from a transfer; where no donor gave one, this many
+        # storm samples (the prior's pick of a random pool, where there is a prior) stand in
+        self.stand_in = max(1, reuse) if Phase.RAINDROP in self.phases and Phase.STORM not in self.phases else 0
+        self.storm_config = storm or StormConfig()
+        self.raindrop_config = raindrop or RaindropConfig()
+        self.storm: Storm | None = None
+        self.drop: Raindrop | None = None
+        self.done = False
+        self.rounds = 0
+        self.extensions = 0  # more budget after it was done (extend)
+        self.retried = False  # stored retryable failures measured once more, before anything new
+
+    @property
+    def phase(self) -> Phase:
+        return Phase.RAINDROP if self.drop is not None else Phase.STORM
+
+    def step(self, limit: int | None = None) -> bool:
+        """Measure one batch of at most ``limit`` new candidates; False (and ``done``) once both phases are over."""
+        if self.done:
+            return False
+        if not self.retried:
+            self.retried = True
+            if self._retry(limit):
+                return True
+        if self.storm is None:
+            self.storm = self._start_storm()
+        if not self.reused:
+            self.reused = True
+            if self._reuse(limit):
+                return True
+        if self.stand_in and self.drop is None:
+            trials, self.stand_in = self.stand_in, 0
+            if self.extensions or not self.task.db.best(self.task.entry.workload_id, self.task.target_key, k=1):
+                log.info("%s: %s: %d storm samples", self.task.kernel.name,
+                         "extended" if self.extensions else "no transfer to start the raindrop from", trials)
+                self.storm.close()
+                self.storm = self._start_storm(trials)
+        if self.drop is None:
+            caps = [c for c in (limit, self.first_batch if self.rounds == 0 else None) if c]
+            cands = self.storm.propose(limit=min(caps) if caps else None)
+            if cands is not None:
+                self.storm.tell(cands, self.task.evaluate(cands), self.task.fresh)
+                self.rounds += 1
+                return True
+            self.drop = self._start_raindrop()
+        cands = self.drop.propose(limit) if self.drop is not None else None
+        if cands is None:
+            self.finish()
+            return False
+        self.drop.tell(cands, self.task.evaluate(cands), self.task.fresh)
+        self.rounds += 1
+        return True
+
+    def finish(self) -> None:
+        if not self.done and self.drop is not None and self.drop.moves:
+            log.info("%s raindrop: %d moves -> %.1f us", self.task.kernel.name, self.drop.moves,
+                     self.drop.history[-1] * 1e6)
+        if self.storm is not None:
+            self.storm.close()
+        self.done = True
+
+    def extend(self, storm_trials: int, exploit_trials: int) -> None:
+        """More budget for a finished task: another storm round (its cost model trained on
+        everything measured so far), then a raindrop from the best schedule then."""
+        if not self.done:
+            self.finish()
+        self.extensions += 1
+        self.trials += storm_trials if Phase.STORM in self.phases else 0
+        self.exploit_trials += exploit_trials if Phase.RAINDROP in self.phases else 0
+        if Phase.RAINDROP in self.phases and Phase.STORM not in self.phases:
+            # no storm to widen the search (a raindrop again from the same best mostly converges at
+            # once): a few storm samples, then the raindrop from the best of everything
+            self.stand_in = max(1, self.reuse_donors)
+        self.storm = self.drop = None
+        self.done = False
+
+    def _retry(self, limit: int | None = None) -> bool:
+        """Measure once more the stored candidates whose failure may not recur (``Record.retry_due``)."""
+        cands = []
+        for rec in self.task.stored():
+            if rec.retry_due and (limit is None or len(cands) < limit):
+                try:
+                    cands.append(self.task.candidate_of(rec, rec.phase))
+                except Exception as err:  # noqa: BLE001 - a stored trace that no longer replays stays as it is
+                    log.debug("cannot retry stored record %s: %s", rec.record_id, err)
+        if not cands:
+            return False
+        log.info("%s: measuring %d earlier run timeouts/crashes once more", self.task.kernel.name, len(cands))
+        self.task.evaluate(cands)
+        return True
+
+    def _reuse(self, limit: int | None = None) -> bool:
+        """Measure transferred schedules of same-class workloads (out of the storm's budget)."""
+        from stormdrop.search.reuse import chosen_transfers, transfers
+
+        # out of the storm's budget when there is a storm; else its own
+        room = self.storm.remaining if Phase.STORM in self.phases else self.reuse_donors
+        budget = min(self.reuse_donors, room, limit or self.reuse_donors)
+        if budget <= 0:
+            return False
+        task = self.task
+        pool = max(1, self.storm_config.transfer_pool) if self.storm.ranks else 1
+        cfg, sketches = self.storm_config, self.storm_config.transfer_sketches
+        groups = transfers(task.db, task.entry, task.target_key, self.storm.ctx.space_generator.postprocs,
+                           limit=budget * pool, others=self.donor_dbs, per_donor=2 if pool > 1 else 1,
+                           order=cfg.donor_order, spaces=self.storm.design_spaces() if sketches else (),
+                           enough=budget if sketches and pool == 1 else 0, sketch_donors=cfg.sketch_donors)
+        if not groups:
+            return False
+        rank = partial(self.storm.predict, learn=False) if pool > 1 else None
+        cands = chosen_transfers(groups, budget, rank, whole=sketches)
+        results = task.evaluate(cands)
+        self.storm.absorb(cands, results, task.fresh)
+        self.rounds += 1
+        return True
+
+    def _start_storm(self, trials: int | None = None) -> Storm:
+        """The task's storm, told the stored measurements, with ``trials`` (default: what is left of
+        the storm's budget after the storm's and reuse's stored trials)."""
+        history = []
+        for rec in self.task.stored():
+            try:
+                history.append((self.task.candidate_of(rec, rec.phase), rec.result))
+            except Exception as err:  # noqa: BLE001 - a stored trace that no longer replays is skipped
+                log.debug("skipping stored record %s: %s", rec.record_id, err)
+        remaining = max(0, self.trials - self.task.spent(Phase.STORM) - self.task.spent(Phase.REUSE)) \
+            if trials is None else trials
+        return Storm(self.task.kernel.mod, self.task.target, trials=remaining, seed=self.task.seed,
+                     config=self.storm_config, history=history)
+
+    def _start_raindrop(self) -> Raindrop | None:
+        task = self.task
+        budget = max(0, self.exploit_trials - task.spent(Phase.RAINDROP))
+        best = task.db.best(task.entry.workload_id, task.target_key, k=1)
+        if not best or budget <= 0:
+            return None
+        incumbent = task.candidate_of(best[0], Phase.RAINDROP)
+        space = DecisionSpace(task.kernel.mod, self.storm.ctx.space_generator.postprocs, incumbent.sch.trace,
+                              num_cores=int(task.target.attrs.get("num-cores", 1)))
+        lanes = vector_lanes(task.target)
+        jumps = [] if not lanes or self.raindrop_config.register_tiles <= 0 or len(task.stored(Phase.RAINDROP)) \
+            else space.register_tiles(space.start, lanes, registers=32 if lanes >= 16 else 16)
+        # without a storm the model knows the prior and a few transfers: it ranks as the prior does,
+        # and retraining on those few (seconds a task) is left out
+        rank = self.storm.predict if Phase.STORM in self.phases else partial(self.storm.predict, learn=False)
+        return Raindrop(space, incumbent, best[0].result.run_secs, budget=budget, seed=task.seed,
+                        config=self.raindrop_config, rank=rank, register_tiles=jumps)
