@@ -93,7 +93,7 @@ def stored_rows(db_path):
 
 def one_record_exported(tmp_path: Path, mod, traces) -> tuple[Path, Path, list[str]]:
     """A database with one record, its MetaSchedule export and the database's dump."""
-    from stormdrop.storage.database import export_metaschedule
+    from stormdrop.storage.metaschedule import export_metaschedule
 
     path = tmp_path / "keep.db"
     with Database(path) as db:

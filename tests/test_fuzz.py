@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stormdrop.cli.main import main
-from stormdrop.storage.database import Database, export_metaschedule
+from stormdrop.storage.database import Database
+from stormdrop.storage.metaschedule import export_metaschedule
 from stormdrop.tvm_compat import patches as _tvm
 from stormdrop.tvm_compat import trace_json as _tvm_json
 

@@ -13,13 +13,8 @@ from dbutil import SECS, TARGET, TARGET_KEY, dump, fill, matmul_mod, one_record_
 
 from stormdrop.errors import DatabaseError
 from stormdrop.records import ErrorKind, Phase
-from stormdrop.storage.database import (
-    Database,
-    candidate_key,
-    canonical_target,
-    export_metaschedule,
-    import_metaschedule,
-)
+from stormdrop.storage.database import Database, candidate_key, canonical_target
+from stormdrop.storage.metaschedule import export_metaschedule, import_metaschedule
 from stormdrop.tvm_compat import trace_json as _tvm_json
 
 

@@ -27,3 +27,16 @@ def test_no_machine_date_or_session_in_the_source() -> None:
 def test_no_measured_figure_in_the_source() -> None:
     bad = [f"{where}: {line.strip()}" for where, line in _lines() if FIGURES.search(line)]
     assert not bad, "\n".join(bad)
+
+
+def test_every_package_has_an_init_that_says_what_it_owns() -> None:
+    """setuptools' package find skips a folder without ``__init__.py``: an installed (not editable)
+    stormdrop would lack it. Each package's ``__init__.py`` opens with what the package owns."""
+    import ast
+
+    folders = {p.parent for p in SRC.rglob("*.py") if "__pycache__" not in p.parts}
+    missing = [str(f.relative_to(SRC.parent)) for f in sorted(folders) if not (f / "__init__.py").is_file()]
+    assert not missing, f"no __init__.py in {missing}"
+    undocumented = [str(f.relative_to(SRC.parent)) for f in sorted(folders)
+                    if not ast.get_docstring(ast.parse((f / "__init__.py").read_text()))]
+    assert not undocumented, f"no docstring in the __init__.py of {undocumented}"

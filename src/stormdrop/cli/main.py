@@ -227,7 +227,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from stormdrop.storage._ms_json import import_records, read_metaschedule
+    from stormdrop.storage.metaschedule import import_records, read_metaschedule
     from stormdrop.tvm_compat import isolated
 
     isolated.run("read_metaschedule", args.dir, what=args.dir)  # TVM reads the traces: first in a child

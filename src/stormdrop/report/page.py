@@ -21,7 +21,8 @@ from stormdrop import __version__
 from stormdrop.errors import SpecError
 from stormdrop.report.history import Trial, model_estimate, trials_of, trials_per_phase
 from stormdrop.report.plots import model_plot, task_plot
-from stormdrop.storage.database import Database, WorkloadEntry, import_metaschedule
+from stormdrop.storage.database import Database, WorkloadEntry
+from stormdrop.storage.metaschedule import import_metaschedule
 
 
 @dataclass

@@ -4,8 +4,7 @@ Every ``commit_*`` call is its own transaction, committed before it returns, so 
 killed process loses nothing already committed. The file uses WAL journaling, so
 other processes (or connections) see a record as soon as ``commit_record`` returns.
 
-MetaSchedule JSON databases are read and written by the adapters in ``_ms_json``
-(re-exported here as ``export_metaschedule`` / ``import_metaschedule``).
+MetaSchedule JSON databases are read and written by ``storage.metaschedule``.
 """
 
 from __future__ import annotations
@@ -386,17 +385,3 @@ def _as_module(mod: Any) -> tvm.IRModule:
     if isinstance(mod, tvm.tirx.PrimFunc):
         return tvm.IRModule({"main": mod})
     raise TypeError(f"expected an IRModule, got {type(mod).__name__}")
-
-
-def export_metaschedule(db: Database, out_dir: str, *, target: str | None = None) -> int:
-    """Write the valid records as a MetaSchedule JSON database (see ``_ms_json``)."""
-    from stormdrop.storage._ms_json import export_metaschedule as _export
-
-    return _export(db, out_dir, target=target)
-
-
-def import_metaschedule(db: Database, in_dir: str) -> int:
-    """Import a MetaSchedule JSON database in one transaction (see ``_ms_json``)."""
-    from stormdrop.storage._ms_json import import_metaschedule as _import
-
-    return _import(db, in_dir)

@@ -36,15 +36,15 @@ def run(step: str, *args: str, what: str) -> str:
 
 
 def _steps() -> dict:
-    from stormdrop.storage import _ms_json
+    from stormdrop.storage import metaschedule
     from stormdrop.storage.database import Database
 
     def read(in_dir: str) -> str:
-        return str(len(_ms_json.read_metaschedule(in_dir, progress=_at)))
+        return str(len(metaschedule.read_metaschedule(in_dir, progress=_at)))
 
     def export(db_path: str, out_dir: str, target: str = "", scratch: str = "") -> str:
         with Database(db_path, read_only=True) as db:
-            return str(_ms_json.export_metaschedule(db, out_dir, target=target or None, progress=_at,
+            return str(metaschedule.export_metaschedule(db, out_dir, target=target or None, progress=_at,
                                                     scratch=scratch or None))
 
     return {"read_metaschedule": read, "export": export}

@@ -1,0 +1,1 @@
+"""The command line: argument parsing into option values and the commands."""

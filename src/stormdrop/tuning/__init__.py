@@ -1,0 +1,2 @@
+"""Tuning runs: one task's tuner over its phases, the driver and task scheduler over a model's
+tasks, the final verification. Measures through the gateway, stores through the database."""
