@@ -74,15 +74,21 @@ def pinned_host() -> tuple[Any, str]:
     return target, canonical(target)
 
 
-def tuned_best(kernel: Any, target: Any, trials: int, path: str, seed: int, **tune_kw: Any) -> tuple[dict, Any]:
-    """Tune ``kernel`` (``trials`` storm + as many raindrop) into the database ``path``: its row
+def tuned_best(kernel: Any, target: Any, trials: int, path: str, seed: int, search: Any = None,
+               measure: Any = None) -> tuple[dict, Any]:
+    """Tune ``kernel`` (``trials`` storm + as many raindrop; ``search``: a ``SearchOptions``,
+    ``measure``: a ``MeasureConfig``) into the database ``path``: its row
     (stored latency, tuning seconds, trials) and its best schedule, replayed on the workload."""
+    from stormdrop.search.options import SearchOptions
     from stormdrop.storage.database import Database
     from stormdrop.target import canonical
     from stormdrop.tuning.kernel_tune import tune_kernel
+    from stormdrop.tuning.options import KernelOptions
     from stormdrop.tvm_compat import trace_json as _tvm_json
 
-    t = tune_kernel(kernel, target=target, trials=trials, exploit_trials=trials, db=path, seed=seed, **tune_kw).tasks[0]
+    options = KernelOptions(trials=trials, exploit_trials=trials, seed=seed, search=search or SearchOptions(),
+                            measure=measure)
+    t = tune_kernel(kernel, options, target=target, db=path).tasks[0]
     with Database(path) as db:
         best = db.best(db.find_workload(kernel.mod).workload_id, canonical(target), k=1)[0]
     row = {"stored_s": t.latency_s, "tuning_s": t.tuning_s, "trials": t.trials}
@@ -115,10 +121,9 @@ def tuned_and_retimed(target: Any, kernels: dict[str, Any], trials: int, rounds:
     re-timed in turns (``retime_in_turns``): name -> its ``tuned_best`` row with ``retimed_s``.
     ``measure``: the ``MeasureConfig`` of both (default: a kernel's)."""
     rows, variants = {}, {}
-    extra = {} if measure is None else {"measure": measure}
     for name, kernel in kernels.items():
         rows[name], best = tuned_best(kernel, target, trials, os.path.join(work_dir, f"{kernel.name}.db"), seed,
-                                      **extra)
+                                      measure=measure)
         variants[name] = (kernel.name, kernel.mod, best)
     for name, secs in retime_in_turns(target, variants, rounds, seed, measure).items():
         rows[name]["retimed_s"] = secs

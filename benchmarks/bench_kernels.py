@@ -141,6 +141,7 @@ def tune_all(kernel, target, args, seed: int) -> dict[str, dict]:
     from _peers import run_meta_schedule, short
 
     from stormdrop.tuning.kernel_tune import tune_kernel
+    from stormdrop.tuning.options import KernelOptions
     from stormdrop.tvm_compat import trace_json as _tvm_json
 
     res: dict[str, dict] = {}
@@ -148,8 +149,9 @@ def tune_all(kernel, target, args, seed: int) -> dict[str, dict]:
     with tempfile.TemporaryDirectory(prefix="bench-sd-") as tmp:
         t0 = time.monotonic()
         try:
-            task = tune_kernel(kernel, target=target, trials=args.trials, exploit_trials=args.exploit_trials,
-                               db=os.path.join(tmp, "stormdrop.sqlite"), seed=seed).tasks[0]
+            task = tune_kernel(kernel,
+                               KernelOptions(trials=args.trials, exploit_trials=args.exploit_trials, seed=seed),
+                               target=target, db=os.path.join(tmp, "stormdrop.sqlite")).tasks[0]
             wall = time.monotonic() - t0
             total = task.trials["storm"] + task.trials["raindrop"]
             mod = _tvm_json.schedule_from_trace_json(kernel.mod, task.trace_json).mod

@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from stormdrop.lowering.pipeline import Lowering
     from stormdrop.model.bench import tuned_build
+    from stormdrop.model.options import ModelOptions
     from stormdrop.model.run import (
         max_abs_diff,
         num_cores,
@@ -67,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
                 entry["layouts"][layout] = {"db": db, "tuning_s": None}
                 continue
             t0 = time.monotonic()
-            tune_model(model, target=target, trials=args.trials, db=db, seed=args.seed, lowering=Lowering(layout))
+            tune_model(model, ModelOptions(trials=args.trials, seed=args.seed, lowering=Lowering(layout)),
+                       target=target, db=db)
             entry["layouts"][layout] = {"db": db, "tuning_s": time.monotonic() - t0}
             print(f"  {name} {layout}: tuned in {entry['layouts'][layout]['tuning_s']:.0f} s", flush=True)
         inputs = random_inputs(model, args.seed)  # phase 2: time everything here, one after the other

@@ -94,6 +94,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
     from stormdrop.lowering.pipeline import Lowering
     from stormdrop.measure.gateway import MeasureConfig
     from stormdrop.model.bench import task_times_in_model, tuned_build
+    from stormdrop.model.options import ModelOptions
     from stormdrop.model.run import (
         interleaved,
         max_abs_diff,
@@ -136,11 +137,13 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             db_path = os.path.join(args.keep_db, f"{os.path.basename(name)}.db")  # (a path: its file name)
 
         def tune(db: str, cache_flush: bool | None, untuned: bool = False, lowering: Lowering = lowering):
-            return tune_model(model, target=target, trials=None if args.time_budget else args.trials,
-                              trials_per_task=args.trials_per_task, time_budget=args.time_budget,
-                              db=db, seed=args.seed, lowering=lowering, untuned=untuned,
-                              in_model_candidates=args.in_model_candidates,
-                              measure=MeasureConfig(cache_flush=cache_flush))
+            return tune_model(model,
+                              ModelOptions(trials=None if args.time_budget else args.trials,
+                                           trials_per_task=args.trials_per_task, time_budget=args.time_budget,
+                                           seed=args.seed, lowering=lowering, untuned=untuned,
+                                           in_model_candidates=args.in_model_candidates,
+                                           measure=MeasureConfig(cache_flush=cache_flush)),
+                              target=target, db=db)
 
         t0 = time.monotonic()
         try:

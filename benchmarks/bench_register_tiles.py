@@ -48,9 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     from _peers import machine, pinned_host, publish
 
     from stormdrop.measure.gateway import Gateway
+    from stormdrop.search.options import SearchOptions
     from stormdrop.search.raindrop import RaindropConfig
     from stormdrop.storage.database import Database
     from stormdrop.tuning.kernel_tune import tune_kernel
+    from stormdrop.tuning.options import KernelOptions
     from stormdrop.tvm_compat import trace_json as _tvm_json
     from stormdrop.workloads import parse_kernel
 
@@ -65,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
                 best = {}
                 for name, n in settings.items():
                     path = os.path.join(tmp, f"{kernel.name}-{seed}-{name}.db")
-                    r = tune_kernel(kernel, target=target, trials=args.trials, exploit_trials=args.trials, db=path,
-                                    seed=seed, raindrop=RaindropConfig(register_tiles=n))
+                    r = tune_kernel(kernel,
+                                    KernelOptions(trials=args.trials, exploit_trials=args.trials, seed=seed,
+                                                  search=SearchOptions(raindrop=RaindropConfig(register_tiles=n))),
+                                    target=target, db=path)
                     t = r.tasks[0]
                     entry[name] = {"stored_s": t.latency_s, "tuning_s": t.tuning_s, "trials": t.trials}
                     with Database(path) as db:

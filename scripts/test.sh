@@ -10,6 +10,14 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
     || echo "scripts/test.sh: could not install chromium; the browser test will be skipped" >&2
 fi
 python -m ruff check src tests benchmarks
-# two test processes by default (the suite mostly waits on subprocesses, servers and timers; a test whose
-# assertions read timings is marked `alone` and runs while no other does); STORMDROP_TEST_WORKERS=0: one
-python -m pytest -q -n "${STORMDROP_TEST_WORKERS:-2}" --dist loadfile tests "$@"
+# Two test processes by default (the suite mostly waits on subprocesses, servers and timers), then the
+# tests marked `alone` (their assertions read timings) one after another with nothing beside them;
+# STORMDROP_TEST_WORKERS=0: everything in one process.
+workers=${STORMDROP_TEST_WORKERS:-2}
+if [ "$workers" = 0 ]; then
+  exec python -m pytest -q --durations=15 tests "$@"
+fi
+status=0
+python -m pytest -q -n "$workers" --dist loadfile -m "not alone" --durations=15 tests "$@" || status=$?
+python -m pytest -q -m alone --durations=5 tests "$@" || status=$?
+exit "$status"

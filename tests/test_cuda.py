@@ -114,15 +114,19 @@ needs_gpu = pytest.mark.skipif(not _gpu_visible(), reason="needs an NVIDIA GPU v
 def test_a_cuda_kernel_is_tuned_on_the_gpu_and_its_best_computes_the_right_answer(tmp_path):
     import numpy as np
 
+    from stormdrop.search.options import SearchOptions
     from stormdrop.storage.database import Database
     from stormdrop.tuning.kernel_tune import tune_kernel
+    from stormdrop.tuning.options import KernelOptions
     from stormdrop.tvm_compat import trace_json as _tvm_json
 
     spec = "matmul:M=256,N=256,K=256"
     db = tmp_path / "gpu.db"
     # (SMALL's population of 16 is too few on a GPU: most random CUDA schedules fail its checks)
-    result = tune_kernel(spec, target="cuda", trials=16, exploit_trials=8, db=db, seed=0,
-                         storm=StormConfig(batch_size=8))
+    result = tune_kernel(spec,
+                         KernelOptions(trials=16, exploit_trials=8, seed=0,
+                                       search=SearchOptions(storm=StormConfig(batch_size=8))),
+                         target="cuda", db=db)
     task = result.tasks[0]
     assert task.verified and 0 < task.latency_s < 1e-2
     assert task.trials["storm"] == 16 and task.trials["failed"] < 16

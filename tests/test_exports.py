@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from test_fastmath import libm_calls
 
+from stormdrop.model.options import ModelOptions
 from stormdrop.model.run import random_inputs, run_model
 from stormdrop.model.runtimes import run_onnxruntime
 from stormdrop.model.tune import tune_model
@@ -47,8 +48,8 @@ def test_an_exported_network_compiles_vectorized_and_matches_onnxruntime(name):
 
 
 def test_an_exported_convnext_is_tuned_compiled_and_checked_against_both_runtimes(tmp_path):
-    result = tune_model(str(FIXTURES / "tv_convnext.onnx"), trials=48, trials_per_task=2, db=tmp_path / "c.db",
-                        seed=0)
+    result = tune_model(str(FIXTURES / "tv_convnext.onnx"), ModelOptions(trials=48, trials_per_task=2, seed=0),
+                        db=tmp_path / "c.db")
     assert len(result.tasks) >= 4 and all(t.verified for t in result.tasks)
     assert any("gelu" in t.name for t in result.tasks)  # the GELU fused into its matmul's kernel
     assert result.latency_s["onnxruntime"] > 0 and result.latency_s["openvino"] > 0

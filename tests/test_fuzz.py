@@ -29,7 +29,7 @@ from stormdrop.storage.metaschedule import export_metaschedule
 from stormdrop.tvm_compat import patches as _tvm
 from stormdrop.tvm_compat import trace_json as _tvm_json
 
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "20"))
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "8"))
 TALLY: dict[str, int] = {}
 SETTINGS = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
                     suppress_health_check=list(HealthCheck))

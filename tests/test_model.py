@@ -17,6 +17,7 @@ from tvm import relax
 from stormdrop.errors import SpecError
 from stormdrop.lowering.layout import weight_transforms
 from stormdrop.model.bench import deployed_keys
+from stormdrop.model.options import ModelOptions
 from stormdrop.model.run import apply_records, commit_best, interleaved
 from stormdrop.model.tune import extract_tasks, tune_model
 from stormdrop.storage.database import Database
@@ -49,8 +50,9 @@ def tiny_net(path, op="Relu"):
 def test_tiny_onnx_network_tuned_compiled_and_matched(tmp_path):
     path = tiny_net(str(tmp_path / "tiny.onnx"))
     out = tmp_path / "tiny.so"
-    result = tune_model(path, trials=24, trials_per_task=4, db=tmp_path / "m.db", output=str(out), seed=0,
-                        in_model_candidates=3)
+    result = tune_model(path,
+                        ModelOptions(trials=24, trials_per_task=4, output=str(out), seed=0, in_model_candidates=3),
+                        db=tmp_path / "m.db")
     assert result.model == "tiny"
     assert len(result.tasks) >= 3  # two convolutions (with their epilogues) and the dense layer, at least
     assert all(t.verified for t in result.tasks)
@@ -193,7 +195,7 @@ def test_zoo_cli_lists_and_exports(tmp_path):
 def test_trials_is_a_hard_cap(tmp_path):
     """--trials is never exceeded, even when it is no multiple of the batch or the task count."""
     path = tiny_net(str(tmp_path / "tiny.onnx"))
-    result = tune_model(path, trials=7, trials_per_task=16, db=tmp_path / "c.db", seed=0)
+    result = tune_model(path, ModelOptions(trials=7, trials_per_task=16, seed=0), db=tmp_path / "c.db")
     total = sum(t.trials["reuse"] + t.trials["storm"] + t.trials["raindrop"] for t in result.tasks)
     assert 5 <= total <= 7
     assert result.stopped_by == "the trial budget"
@@ -221,7 +223,7 @@ def test_a_small_trial_cap_tunes_direct_convolutions_and_bench_builds_them(tmp_p
     onnx.save(model, path)
     _, lowered = extract_tasks(load_model(path), host_target(), Lowering())
     assert any("winograd" in k.name for k, _ in lowered)  # what a large budget tunes
-    result = tune_model(path, trials=6, db=tmp_path / "w.db", seed=0)
+    result = tune_model(path, ModelOptions(trials=6, seed=0), db=tmp_path / "w.db")
     assert result.tasks and not any("winograd" in t.name for t in result.tasks)
     assert result.max_abs_error is not None and result.max_abs_error < 1e-3
     with Database(tmp_path / "w.db") as db:
@@ -235,7 +237,7 @@ def test_a_small_trial_cap_leaves_the_raindrop_its_share(tmp_path):
     storm stops at half its share of the cap and the other half goes to raindrops (before, the
     tasks' first storm batches took all 24 trials and no raindrop ran)."""
     path = tiny_net(str(tmp_path / "tiny.onnx"))
-    result = tune_model(path, trials=24, db=tmp_path / "s.db", seed=0)
+    result = tune_model(path, ModelOptions(trials=24, seed=0), db=tmp_path / "s.db")
     share = 24 // (2 * len(result.tasks))
     storms = [t.trials["reuse"] + t.trials["storm"] for t in result.tasks]
     assert all(s <= max(2, share) for s in storms), storms
@@ -281,7 +283,7 @@ def test_a_killed_model_tune_resumes_losing_nothing_and_measuring_nothing_twice(
 
     path = tiny_net(str(tmp_path / "tiny.onnx"))
     db, js = tmp_path / "k.db", tmp_path / "k.json"
-    args = [sys.executable, "-m", "stormdrop", "tune", "--model", path, "--trials", "24", "--trials-per-task", "8",
+    args = [sys.executable, "-m", "stormdrop", "tune", "--model", path, "--trials", "16", "--trials-per-task", "8",
             "--batch-size", "4", "--db", str(db), "--no-progress"]
 
     def rows():
@@ -291,7 +293,7 @@ def test_a_killed_model_tune_resumes_losing_nothing_and_measuring_nothing_twice(
         except sqlite3.Error:
             return []
 
-    kill_at = random.Random(os.getpid()).randrange(3, 15)
+    kill_at = random.Random(os.getpid()).randrange(3, 11)
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 300
     while time.time() < deadline and len(rows()) < kill_at and proc.poll() is None:
@@ -299,7 +301,7 @@ def test_a_killed_model_tune_resumes_losing_nothing_and_measuring_nothing_twice(
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     before = rows()
-    assert kill_at <= len(before) < 24, f"the kill (at {kill_at} records) came too late: {len(before)}"
+    assert kill_at <= len(before) < 16, f"the kill (at {kill_at} records) came too late: {len(before)}"
     r = subprocess.run(args + ["--json", str(js)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     after = rows()
@@ -307,7 +309,7 @@ def test_a_killed_model_tune_resumes_losing_nothing_and_measuring_nothing_twice(
     doc = json.loads(js.read_text())
     measured = sum(t["trials"]["reuse"] + t["trials"]["storm"] + t["trials"]["raindrop"] for t in doc["tasks"])
     assert measured == len(after) - len(before), "the re-run measured a candidate the killed run had measured"
-    assert len(after) <= 24, "--trials counts the killed run's measurements too"
+    assert len(after) <= 16, "--trials counts the killed run's measurements too"
     assert all(t["verified"] for t in doc["tasks"])
 
 

@@ -7,7 +7,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from stormdrop import tune_model  # the public entry point, as the README uses it
+from stormdrop import ModelOptions, tune_model  # the public entry points, as the README uses them
 from stormdrop.model.run import run_model
 from stormdrop.target import host_target
 
@@ -33,8 +33,9 @@ def test_relax_module_tuned_compiled_and_checked(tmp_path):
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((64, 32)) * 0.1).astype("float32")
     so = tmp_path / "dense.so"
-    result = tune_model(_dense_relu_module(w), trials=8, trials_per_task=4, db=tmp_path / "m.db",
-                        output=str(so), seed=0)
+    result = tune_model(_dense_relu_module(w),
+                        ModelOptions(trials=8, trials_per_task=4, output=str(so), seed=0),
+                        db=tmp_path / "m.db")
     assert result.model == "relax_module"
     assert result.tasks and all(t.verified for t in result.tasks)
     assert result.stopped_by.startswith("every task done")  # 8 global trials, one task capped at 4
@@ -63,7 +64,8 @@ def test_torch_export_program_tuned_and_matches_pytorch(tmp_path):
     x = torch.randn(1, 3, 8, 8)
     program = torch.export.export(net, (x,))
     so = tmp_path / "net.so"
-    result = tune_model(program, trials=8, trials_per_task=4, db=tmp_path / "m.db", output=str(so), seed=0)
+    result = tune_model(program, ModelOptions(trials=8, trials_per_task=4, output=str(so), seed=0),
+                        db=tmp_path / "m.db")
     assert result.model == "torch_export"
     assert result.tasks and all(t.verified for t in result.tasks)
     with torch.no_grad():

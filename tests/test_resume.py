@@ -22,7 +22,7 @@ from stormdrop.workloads import parse_kernel
 
 def test_kill_9_loses_nothing_and_the_rerun_measures_nothing_twice(tmp_path):
     db, out = tmp_path / "k.db", tmp_path / "k.json"
-    args = ["-m", "stormdrop", "tune", "--kernel", SPEC, "--trials", "40", "--exploit-trials", "0",
+    args = ["-m", "stormdrop", "tune", "--kernel", SPEC, "--trials", "24", "--exploit-trials", "0",
             "--batch-size", "4", "--db", str(db), "--no-progress"]
     proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -34,14 +34,14 @@ def test_kill_9_loses_nothing_and_the_rerun_measures_nothing_twice(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     before = _rows(db)
-    assert 8 <= len(before) < 40, "the kill came too late to test anything"
-    result = _stormdrop("tune", "--kernel", SPEC, "--trials", "40", "--exploit-trials", "0", "--batch-size", "4",
+    assert 8 <= len(before) < 24, "the kill came too late to test anything"
+    result = _stormdrop("tune", "--kernel", SPEC, "--trials", "24", "--exploit-trials", "0", "--batch-size", "4",
                         "--db", str(db), "--json", str(out), "--no-progress")
     assert result.returncode == 0, result.stderr
     after = _rows(db)
     assert after[: len(before)] == before, "records committed before the kill changed"
     new = json.loads(out.read_text())["tasks"][0]["trials"]
-    assert new["storm"] == len(after) - len(before) <= 40 - len(before)
+    assert new["storm"] == len(after) - len(before) <= 24 - len(before)
     with Database(db) as d:
         (entry,) = d.workloads()
         keys = [r.candidate_key for r in d.records(entry.workload_id)]
@@ -53,16 +53,16 @@ def test_a_kernel_killed_in_its_raindrop_resumes_it_and_measures_nothing_twice(t
     no storm again (its 8 trials are stored), goes on with the raindrop within its budget, and no
     schedule is measured twice."""
     db = tmp_path / "r.db"
-    args = ["tune", "--kernel", SPEC, "--trials", "8", "--exploit-trials", "24", "--batch-size", "4",
+    args = ["tune", "--kernel", SPEC, "--trials", "8", "--exploit-trials", "12", "--batch-size", "4",
             "--db", str(db), "--no-progress"]
     _kill_once(args, db, "raindrop", 2)
     before = _rows(db)
     phases = [p for _, p in _phases(db)]
-    assert phases.count("storm") == 8 and 2 <= phases.count("raindrop") < 24, phases
+    assert phases.count("storm") == 8 and 2 <= phases.count("raindrop") < 12, phases
     after, trials = _rerun(args, db, tmp_path / "r.json", before)
     assert trials["storm"] == 0 and trials["raindrop"] == len(after) - len(before)
     phases = [p for _, p in _phases(db)]
-    assert phases.count("storm") == 8 and phases.count("raindrop") <= 24
+    assert phases.count("storm") == 8 and phases.count("raindrop") <= 12
     keys = [k for k, _ in _phases(db)]
     assert len(keys) == len(set(keys)), "a schedule was measured twice"
 

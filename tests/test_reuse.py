@@ -9,11 +9,13 @@ import pytest
 import tvm
 
 from stormdrop.records import Phase
+from stormdrop.search.options import SearchOptions
 from stormdrop.search.reuse import nearest_factorization, transfer
 from stormdrop.search.storm import StormConfig, make_context
 from stormdrop.storage.database import Database
 from stormdrop.target import host_target
 from stormdrop.tuning.kernel_tune import tune_kernel
+from stormdrop.tuning.options import KernelOptions
 from stormdrop.tvm_compat import trace_json as _tvm_json
 from stormdrop.workloads import kernel_args, parse_kernel
 
@@ -97,8 +99,8 @@ def test_a_donor_that_does_not_transfer_gives_its_place_to_the_next(tmp_path):
 
 def test_reuse_phase_measures_transfers_from_a_same_class_kernel(tmp_path):
     db = tmp_path / "r.db"
-    tune_kernel("matmul:M=64,N=64,K=64", trials=8, exploit_trials=0, db=db, seed=0)
-    task = tune_kernel("matmul:M=48,N=80,K=64", trials=8, exploit_trials=0, db=db, seed=0).tasks[0]
+    tune_kernel("matmul:M=64,N=64,K=64", KernelOptions(trials=8, exploit_trials=0, seed=0), db=db)
+    task = tune_kernel("matmul:M=48,N=80,K=64", KernelOptions(trials=8, exploit_trials=0, seed=0), db=db).tasks[0]
     assert task.verified
     # one donor: its best schedule transferred, and its decisions in each of the matmul's 3 sketches
     assert task.trials["reuse"] == 4
@@ -108,11 +110,13 @@ def test_reuse_phase_measures_transfers_from_a_same_class_kernel(tmp_path):
         phases = [r.phase for r in d.records(entry.workload_id)]
     assert phases.count(Phase.REUSE) == 4
     # without the sketches: each donor's best schedule alone (both matmuls of that database)
-    alone = tune_kernel("matmul:M=48,N=80,K=64", trials=8, exploit_trials=0, db=tmp_path / "alone.db",
-                        seed=0, storm=StormConfig(transfer_sketches=False), reuse_from=[db]).tasks[0]
+    alone = tune_kernel("matmul:M=48,N=80,K=64",
+                        KernelOptions(trials=8, exploit_trials=0, seed=0,
+                                      search=SearchOptions(storm=StormConfig(transfer_sketches=False), reuse_from=[db])),
+                        db=tmp_path / "alone.db").tasks[0]
     assert alone.trials["reuse"] == 2 and alone.trials["storm"] == 6
     # A kernel of another class gets nothing to reuse.
-    other = tune_kernel("dense:M=16,N=16,K=16", trials=4, exploit_trials=0, db=db, seed=0).tasks[0]
+    other = tune_kernel("dense:M=16,N=16,K=16", KernelOptions(trials=4, exploit_trials=0, seed=0), db=db).tasks[0]
     assert other.trials["reuse"] == 0
 
 
@@ -126,8 +130,8 @@ def _digest(path):
 def donor_db(tmp_path_factory):
     """A database holding tuned matmuls (the donors), closed."""
     db = tmp_path_factory.mktemp("donor") / "donor.db"
-    tune_kernel("matmul:M=64,N=64,K=64", trials=8, exploit_trials=0, db=db, seed=0)
-    tune_kernel("matmul:M=32,N=64,K=96", trials=8, exploit_trials=0, db=db, seed=0)
+    tune_kernel("matmul:M=64,N=64,K=64", KernelOptions(trials=8, exploit_trials=0, seed=0), db=db)
+    tune_kernel("matmul:M=32,N=64,K=96", KernelOptions(trials=8, exploit_trials=0, seed=0), db=db)
     return db
 
 
@@ -272,10 +276,14 @@ def test_a_resumed_run_is_not_charged_twice_for_its_transfers(tmp_path, donor_db
     """The ledger: a run's transfers come back from the database when it is re-run with a larger
     budget, and cost nothing again (they were subtracted twice: 7 records for --trials 8)."""
     db = tmp_path / "resume.db"
-    first = tune_kernel("matmul:M=48,N=80,K=64", trials=1, exploit_trials=0, db=db, seed=0,
-                        reuse_from=[donor_db]).tasks[0]
+    first = tune_kernel("matmul:M=48,N=80,K=64",
+                        KernelOptions(trials=1, exploit_trials=0, seed=0,
+                                      search=SearchOptions(reuse_from=[donor_db])),
+                        db=db).tasks[0]
     assert first.trials["reuse"] == 1 and first.trials["storm"] == 0
-    tune_kernel("matmul:M=48,N=80,K=64", trials=8, exploit_trials=0, db=db, seed=0, reuse_from=[donor_db])
+    tune_kernel("matmul:M=48,N=80,K=64",
+                KernelOptions(trials=8, exploit_trials=0, seed=0, search=SearchOptions(reuse_from=[donor_db])),
+                db=db)
     with Database(db) as d:
         entry = d.find_workload(parse_kernel("matmul:M=48,N=80,K=64").mod)
         assert len(d.records(entry.workload_id)) == 8
@@ -309,12 +317,13 @@ def test_with_a_prior_reuse_measures_the_nearest_donors_best_then_what_the_prior
                 d.commit_record(Record(entry.workload_id, canonical(host_target()), cand.key, cand.trace_json, "[]",
                                        MeasureResult(run_secs=(1e-4 * (1 + seed),) * 3), Phase.STORM, 0.0))
 
-    def reused(path, **kw):
+    def reused(path, storm=None):
         import shutil
 
         shutil.copy(db, path)
-        tune_kernel("matmul:M=48,N=80,K=64", trials=2, exploit_trials=0, db=path, seed=0, reuse=2,
-                    phases=(Phase.REUSE,), **kw)
+        search = SearchOptions(reuse=2, phases=(Phase.REUSE,), storm=storm or StormConfig())
+        tune_kernel("matmul:M=48,N=80,K=64",
+                    KernelOptions(trials=2, exploit_trials=0, seed=0, search=search), db=path)
         with Database(path) as d:
             entry = d.find_workload(parse_kernel("matmul:M=48,N=80,K=64").mod)
             return [r.candidate_key for r in d.records(entry.workload_id) if r.phase is Phase.REUSE]

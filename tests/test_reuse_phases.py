@@ -7,9 +7,11 @@ import pytest
 from test_reuse import _digest, donor_db  # noqa: F401 - the fixture, shared
 
 from stormdrop.records import Phase
+from stormdrop.search.options import SearchOptions
 from stormdrop.storage.database import Database
 from stormdrop.target import host_target
 from stormdrop.tuning.kernel_tune import tune_kernel
+from stormdrop.tuning.options import KernelOptions
 from stormdrop.workloads import parse_kernel
 
 
@@ -43,8 +45,10 @@ def test_reuse_then_raindrop_without_a_storm(tmp_path, donor_db, monkeypatch):
 
     trained, update = [], XGBModel.update
     monkeypatch.setattr(XGBModel, "update", lambda self, *a: (trained.append(1), update(self, *a))[1])
-    task = tune_kernel("matmul:M=48,N=80,K=64", trials=8, exploit_trials=6, db=tmp_path / "rr.db", seed=0,
-                       phases=(Phase.REUSE, Phase.RAINDROP), reuse_from=[donor_db]).tasks[0]
+    task = tune_kernel("matmul:M=48,N=80,K=64",
+                       KernelOptions(trials=8, exploit_trials=6, seed=0,
+                                     search=SearchOptions(phases=(Phase.REUSE, Phase.RAINDROP), reuse_from=[donor_db])),
+                       db=tmp_path / "rr.db").tasks[0]
     assert task.trials["storm"] == 0 and 2 <= task.trials["reuse"] <= 8 and 1 <= task.trials["raindrop"] <= 6
     assert task.verified
     assert trained == []
@@ -54,8 +58,10 @@ def test_reuse_then_raindrop_where_no_donor_exists_starts_from_storm_samples(tmp
     """No donor of the task's class: instead of leaving the task untuned (naive loops in a model:
     a max-pool with no donor in a ResNet), --reuse's count of storm samples gives the raindrop its
     start, counted as storm trials; a task a transfer reached gets none (the test above)."""
-    task = tune_kernel("matmul:M=48,N=80,K=64", trials=8, exploit_trials=4, db=tmp_path / "none.db", seed=0,
-                       phases=(Phase.REUSE, Phase.RAINDROP), reuse=3).tasks[0]
+    task = tune_kernel("matmul:M=48,N=80,K=64",
+                       KernelOptions(trials=8, exploit_trials=4, seed=0,
+                                     search=SearchOptions(phases=(Phase.REUSE, Phase.RAINDROP), reuse=3)),
+                       db=tmp_path / "none.db").tasks[0]
     assert task.trials["reuse"] == 0 and task.trials["storm"] == 3 and 1 <= task.trials["raindrop"] <= 4
     assert task.verified and task.latency_s > 0
 
@@ -70,8 +76,8 @@ def test_an_extension_without_a_storm_phase_starts_with_storm_samples(tmp_path, 
     with Database(tmp_path / "ext.db") as db, Database(donor_db) as donors, \
             Gateway(host_target(), MeasureConfig(repeat=2, min_repeat_ms=1)) as gw:
         session = TaskSession(db, gw, parse_kernel("matmul:M=48,N=80,K=64"), host_target(), seed=0)
-        tuner = TaskTuner(session, trials=8, exploit_trials=4, reuse=3, phases=(Phase.REUSE, Phase.RAINDROP),
-                          donor_dbs=[donors])
+        tuner = TaskTuner(session, trials=8, exploit_trials=4,
+                          search=SearchOptions(reuse=3, phases=(Phase.REUSE, Phase.RAINDROP)), donor_dbs=[donors])
         while tuner.step():
             pass
         first = dict(session.result.trials)

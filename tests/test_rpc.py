@@ -15,8 +15,10 @@ import pytest
 
 from stormdrop.measure.gateway import MeasureConfig
 from stormdrop.measure.tracker import RpcConfig
+from stormdrop.model.options import ModelOptions
 from stormdrop.storage.database import Database
 from stormdrop.tuning.kernel_tune import tune_kernel
+from stormdrop.tuning.options import KernelOptions
 
 KEY = "stormdrop-test"
 
@@ -115,8 +117,9 @@ def two_devices(tmp_path_factory):
 
 
 def test_kernel_tuned_through_the_rpc_tracker_is_verified(tmp_path, tracker):
-    result = tune_kernel("matmul:M=32,N=32,K=32", trials=4, exploit_trials=0, db=tmp_path / "rpc.db", seed=0,
-                         measure=MeasureConfig(rpc=tracker))
+    result = tune_kernel("matmul:M=32,N=32,K=32",
+                         KernelOptions(trials=4, exploit_trials=0, seed=0, measure=MeasureConfig(rpc=tracker)),
+                         db=tmp_path / "rpc.db")
     task = result.tasks[0]
     assert task.verified and task.latency_s > 0
     with Database(tmp_path / "rpc.db") as db:
@@ -139,8 +142,10 @@ def test_unreachable_tracker_is_one_error_line(tmp_path):
 def test_a_run_longer_than_the_rpc_session_timeout_stores_no_failure(tmp_path, tracker):
     """The tracker ends a session after its timeout (3 s here); the runner renews it before then,
     so candidates measured after the first session's end are measured, not stored as failures."""
-    result = tune_kernel("matmul:M=32,N=32,K=32", trials=40, exploit_trials=0, db=tmp_path / "long.db", seed=0,
-                         measure=MeasureConfig(rpc=dataclasses.replace(tracker, session_timeout_s=3)))
+    result = tune_kernel("matmul:M=32,N=32,K=32",
+                         KernelOptions(trials=40, exploit_trials=0, seed=0,
+                                       measure=MeasureConfig(rpc=dataclasses.replace(tracker, session_timeout_s=3))),
+                         db=tmp_path / "long.db")
     assert result.tasks[0].verified
     with Database(tmp_path / "long.db") as db:
         recs = db.records(db.workloads()[0].workload_id)
@@ -161,8 +166,9 @@ def test_every_free_device_under_the_key_measures(tmp_path, two_devices):
     with Gateway(host_target(), MeasureConfig(rpc=rpc, rpc_devices=1)) as g:
         assert len(g._runners) == 1  # --rpc-devices caps it
     _wait_free(rpc, 2)  # the gateways' sessions are over: both devices back at the tracker
-    result = tune_kernel("matmul:M=32,N=32,K=32", trials=16, exploit_trials=0, db=tmp_path / "two.db", seed=0,
-                         measure=MeasureConfig(rpc=rpc))
+    result = tune_kernel("matmul:M=32,N=32,K=32",
+                         KernelOptions(trials=16, exploit_trials=0, seed=0, measure=MeasureConfig(rpc=rpc)),
+                         db=tmp_path / "two.db")
     assert result.tasks[0].verified
     with Database(tmp_path / "two.db") as db:
         recs = db.records(db.workloads()[0].workload_id)
@@ -179,8 +185,10 @@ def test_a_model_tuned_through_the_tracker_is_timed_on_the_device(tmp_path, one_
     from stormdrop.model.tune import tune_model
 
     rpc, (log,) = one_device
-    result = tune_model(tiny_net(str(tmp_path / "tiny.onnx")), trials=6, trials_per_task=2, db=tmp_path / "m.db",
-                        seed=0, measure=MeasureConfig(rpc=rpc), untuned=True)
+    result = tune_model(tiny_net(str(tmp_path / "tiny.onnx")),
+                        ModelOptions(trials=6, trials_per_task=2, seed=0, measure=MeasureConfig(rpc=rpc),
+                                     untuned=True),
+                        db=tmp_path / "m.db")
     assert result.latency_s["tuned"] > 0 and result.latency_s["untuned"] > 0
     assert result.max_abs_error < 1e-3
     import re
@@ -276,8 +284,10 @@ def test_a_server_killed_mid_run_leaves_its_candidates_to_the_other(tmp_path):
         t = threading.Thread(target=killer, args=(procs[1],), daemon=True)
         t.start()
         # (the lost device's runner tries for a new session for retry_s: 10 s here, 120 by default)
-        result = tune_kernel("matmul:M=32,N=32,K=32", trials=24, exploit_trials=0, db=tmp_path / "k.db", seed=0,
-                             measure=MeasureConfig(rpc=dataclasses.replace(rpc, retry_s=10)))
+        result = tune_kernel("matmul:M=32,N=32,K=32",
+                             KernelOptions(trials=24, exploit_trials=0, seed=0,
+                                           measure=MeasureConfig(rpc=dataclasses.replace(rpc, retry_s=10))),
+                             db=tmp_path / "k.db")
         t.join(timeout=5)
         assert procs[1].poll() is not None, "the server was not killed during the run"
         assert result.tasks[0].verified
@@ -326,8 +336,10 @@ def test_a_tracker_restarted_mid_run_costs_a_wait_not_a_record(tmp_path):
     server registers again, and the run finishes with every record measured and no failure."""
     for rpc, _, _, procs in _cluster(tmp_path, KEY + "-restart", 1):
         t, seen = _kill_tracker_after(tmp_path / "t.db", procs, 4, logs=tmp_path, down_s=3.0)
-        result = tune_kernel("matmul:M=32,N=32,K=32", trials=24, exploit_trials=0, db=tmp_path / "t.db", seed=0,
-                             measure=MeasureConfig(rpc=dataclasses.replace(rpc, session_timeout_s=3, retry_s=90)))
+        result = tune_kernel("matmul:M=32,N=32,K=32",
+                             KernelOptions(trials=24, exploit_trials=0, seed=0,
+                                           measure=MeasureConfig(rpc=dataclasses.replace(rpc, session_timeout_s=3, retry_s=90))),
+                             db=tmp_path / "t.db")
         t.join(timeout=5)
         assert seen, "the tracker was not killed during the run"
         assert result.tasks[0].verified

@@ -15,9 +15,11 @@ from dbutil import stored_rows as _rows
 from dbutil import stormdrop_cli as _stormdrop
 
 from stormdrop.records import ErrorKind, Phase
+from stormdrop.search.options import SearchOptions
 from stormdrop.search.storm import Storm
 from stormdrop.storage.database import Database
 from stormdrop.tuning.kernel_tune import tune_kernel
+from stormdrop.tuning.options import KernelOptions
 from stormdrop.tvm_compat import trace_json as _tvm_json
 from stormdrop.workloads import parse_kernel
 
@@ -26,14 +28,14 @@ def test_kernel_with_packed_weights_is_measured_and_verified(tmp_path):
     """TOPI's NHWC conv marks its weight layout-free: MetaSchedule's RewriteLayout packs it, so the
     timed library takes packed weights; the check still runs on the original inputs."""
     spec = "conv2d:N=1,C=16,H=8,W=8,K=32,R=1,S=1,stride=1,pad=0,layout=NHWC"
-    task = tune_kernel(spec, trials=8, exploit_trials=0, db=tmp_path / "nhwc.db", seed=0).tasks[0]
+    task = tune_kernel(spec, KernelOptions(trials=8, exploit_trials=0, seed=0), db=tmp_path / "nhwc.db").tasks[0]
     assert task.verified
     assert task.trials["failed"] <= 2, task.trials  # was: every candidate a run error (packed shapes)
 
 @pytest.mark.alone
 def test_tiny_kernel_end_to_end_is_verified_and_resumes(tmp_path):
     db = tmp_path / "t.db"
-    result = tune_kernel(SPEC, trials=8, exploit_trials=8, db=db, seed=1)
+    result = tune_kernel(SPEC, KernelOptions(trials=8, exploit_trials=8, seed=1), db=db)
     task = result.tasks[0]
     assert task.verified and task.latency_s > 0
     assert task.trials["storm"] == 8
@@ -46,8 +48,9 @@ def test_tiny_kernel_end_to_end_is_verified_and_resumes(tmp_path):
         best = d.best(entry.workload_id, result.target)[0]
     # The reported latency is the best record measured again (a stored best is its luckiest sample).
     assert task.trace_json == best.trace_json and task.fallbacks == 0
-    # (a ~2-us kernel: its re-measure in a loaded full-suite run came 1.7x its stored best once)
-    assert task.latency_s == pytest.approx(best.mean, rel=1.0)
+    # A fresh timing, not the stored mean, of the same schedule: a ~2-us kernel, so on a loaded
+    # 2-core runner the two timings differ by up to a few times (2.4x seen in CI).
+    assert task.latency_s != best.mean and 0.25 < task.latency_s / best.mean < 4
     # The best trace, replayed from the database, computes the right answer.
     kernel = parse_kernel(SPEC)
     sch = _tvm_json.schedule_from_trace_json(kernel.mod, task.trace_json)
@@ -57,12 +60,11 @@ def test_tiny_kernel_end_to_end_is_verified_and_resumes(tmp_path):
     ex["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
     np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4)
     # Re-running the same command measures nothing new and reports the same best.
-    again = tune_kernel(SPEC, trials=8, exploit_trials=8, db=db, seed=1).tasks[0]
+    again = tune_kernel(SPEC, KernelOptions(trials=8, exploit_trials=8, seed=1), db=db).tasks[0]
     assert again.trials == {"reuse": 0, "storm": 0, "raindrop": 0, "failed": 0}
     assert again.trace_json == task.trace_json
-    # the same schedule measured again by a fresh gateway: a ~3-us kernel's one verification batch
-    # in new worker processes (session 31, AMD znver5: 4.5 vs 2.6 us once in a full-suite run)
-    assert again.latency_s == pytest.approx(task.latency_s, rel=1.0)
+    # the same schedule timed again by a fresh gateway (new worker processes): the same few-times bound
+    assert again.latency_s != task.latency_s and 0.25 < again.latency_s / task.latency_s < 4
     assert len(_rows(db)) == len(records)
 
 
@@ -85,7 +87,7 @@ def test_a_wrong_kernel_is_never_chosen(tmp_path, monkeypatch):
         return batch
 
     monkeypatch.setattr(Storm, "propose", propose)
-    result = tune_kernel(SPEC, trials=4, exploit_trials=0, db=tmp_path / "w.db", seed=0)
+    result = tune_kernel(SPEC, KernelOptions(trials=4, exploit_trials=0, seed=0), db=tmp_path / "w.db")
     task = result.tasks[0]
     assert task.verified and task.trials["failed"] >= 1
     with Database(tmp_path / "w.db") as d:
@@ -126,8 +128,10 @@ def test_cli_json_export_import_show(tmp_path):
     db2 = tmp_path / "c2.db"
     r = _stormdrop("import", "--db", str(db2), str(ms_dir))
     assert r.returncode == 0, r.stderr
+    said = r.stdout
     r = _stormdrop("show", "--db", str(db2))
     assert r.returncode == 0 and "imported_" in r.stdout
+    said += r.stdout
     # the JSON's "stored" counts what the database holds: imported records apart, spending nothing
     out2 = tmp_path / "r2.json"
     r = _stormdrop("tune", "--kernel", "dense_bias_relu:M=16,N=32,K=16", "--trials", "4", "--exploit-trials", "0",
@@ -135,7 +139,8 @@ def test_cli_json_export_import_show(tmp_path):
     assert r.returncode == 0, r.stderr
     (task2,) = json.loads(out2.read_text())["tasks"]
     n = sum(task["stored"][p] for p in ("storm", "raindrop"))
-    assert task2["trials"]["storm"] == 4 and task2["stored"]["imported"] == n and task2["stored"]["storm"] == 4
+    assert task2["trials"]["storm"] == 4 and task2["stored"]["imported"] == n and task2["stored"]["storm"] == 4, \
+        (task["stored"], task2["stored"], task2["trials"], said)
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -193,7 +198,7 @@ def test_run_timeouts_and_crashes_are_retried_once_by_the_next_run(tmp_path, tra
         # the next run: the two retryable ones are measured again (one now runs, one times out again)
         again = ScriptedGateway([MeasureResult(run_secs=(1e-3, 1e-3)), fail(ErrorKind.RUN_TIMEOUT, "no answer")])
         session = TaskSession(db, again, kernel, TARGET, 0)
-        assert TaskTuner(session, trials=0, exploit_trials=0, reuse=0)._retry()
+        assert TaskTuner(session, trials=0, exploit_trials=0, search=SearchOptions(reuse=0))._retry()
         recs = db.records(wid)
         assert again.calls == 2 and [r.attempts for r in recs] == [2, 2, 1]
         assert recs[0].result.ok and recs[1].result.error == ErrorKind.RUN_TIMEOUT
@@ -203,7 +208,7 @@ def test_run_timeouts_and_crashes_are_retried_once_by_the_next_run(tmp_path, tra
 
         # and the run after that retries nothing
         last = ScriptedGateway([])
-        assert not TaskTuner(TaskSession(db, last, kernel, TARGET, 0), trials=0, exploit_trials=0, reuse=0)._retry()
+        assert not TaskTuner(TaskSession(db, last, kernel, TARGET, 0), trials=0, exploit_trials=0, search=SearchOptions(reuse=0))._retry()
         assert last.calls == 0
 
 
@@ -234,10 +239,13 @@ def test_one_sample_per_candidate_is_refused_whenever_a_raindrop_would_run(tmp_p
     from stormdrop.measure.gateway import MeasureConfig
 
     with pytest.raises(SpecError, match="t-test"):
-        tune_kernel(SPEC, trials=2, exploit_trials=2, db=tmp_path / "r.db", measure=MeasureConfig(repeat=1))
+        tune_kernel(SPEC, KernelOptions(trials=2, exploit_trials=2, measure=MeasureConfig(repeat=1)),
+                    db=tmp_path / "r.db")
     assert not (tmp_path / "r.db").exists()
-    result = tune_kernel(SPEC, trials=2, exploit_trials=2, db=tmp_path / "s.db", measure=MeasureConfig(repeat=1),
-                         phases=(Phase.STORM,))
+    result = tune_kernel(SPEC,
+                         KernelOptions(trials=2, exploit_trials=2, measure=MeasureConfig(repeat=1),
+                                       search=SearchOptions(phases=(Phase.STORM,))),
+                         db=tmp_path / "s.db")
     assert result.tasks[0].trials["storm"] == 2 and result.tasks[0].trials["raindrop"] == 0
 
 

@@ -13,7 +13,9 @@ import time
 from prior_kernels import TRAIN_KERNELS
 
 from stormdrop import tune_kernel
+from stormdrop.search.options import SearchOptions
 from stormdrop.search.storm import StormConfig
+from stormdrop.tuning.options import KernelOptions
 
 
 def main() -> int:
@@ -25,8 +27,10 @@ def main() -> int:
     for i, spec in enumerate(TRAIN_KERNELS):
         t0 = time.monotonic()
         try:
-            r = tune_kernel(spec, trials=args.trials, exploit_trials=args.exploit_trials, db=args.db, seed=100 + i,
-                            storm=StormConfig(prior=False))  # the prior is learnt cold
+            r = tune_kernel(spec,
+                            KernelOptions(trials=args.trials, exploit_trials=args.exploit_trials, seed=100 + i,
+                                          search=SearchOptions(storm=StormConfig(prior=False))),
+                            db=args.db)  # the prior is learnt cold
             t = r.tasks[0]
             print(f"{spec}: {t.latency_s * 1e6:.1f} us {t.trials} {time.monotonic() - t0:.0f} s", flush=True)
         except Exception as err:  # noqa: BLE001 - one failing kernel does not stop the collection

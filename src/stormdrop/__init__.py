@@ -9,7 +9,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["Lowering", "__version__", "open_database", "parse_kernel", "tune_kernel", "tune_model"]
+__all__ = ["KernelOptions", "Lowering", "ModelOptions", "SearchOptions", "__version__", "open_database",
+           "parse_kernel", "tune_kernel", "tune_model"]
 
 
 def __getattr__(name: str):  # lazy: `import stormdrop` stays cheap (no TVM import)
@@ -25,6 +26,18 @@ def __getattr__(name: str):  # lazy: `import stormdrop` stays cheap (no TVM impo
         from stormdrop.workloads import parse_kernel
 
         return parse_kernel
+    if name == "KernelOptions":
+        from stormdrop.tuning.options import KernelOptions
+
+        return KernelOptions
+    if name == "ModelOptions":
+        from stormdrop.model.options import ModelOptions
+
+        return ModelOptions
+    if name == "SearchOptions":
+        from stormdrop.search.options import SearchOptions
+
+        return SearchOptions
     if name == "Lowering":
         from stormdrop.lowering.pipeline import Lowering
 

@@ -52,10 +52,9 @@ def _write_json(path: str, obj: object) -> None:
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     from stormdrop.report.tables import task_table
-    from stormdrop.search.phases import parse_phases
-    from stormdrop.search.storm import StormConfig
     from stormdrop.target import describe, parse_target
     from stormdrop.tuning.kernel_tune import tune_kernel
+    from stormdrop.tuning.options import KernelOptions
     from stormdrop.workloads import parse_kernel
 
     _check_output(args.json, "--json")
@@ -64,21 +63,26 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         return _cmd_tune_model(args)
     kernel = parse_kernel(args.kernel)  # validate input before any slow work
     target = parse_target(args.target)
-    phases = parse_phases(args.phases)
-    raindrop = _raindrop_config(args)
-    measure = _measure_config(args)
+    options = KernelOptions(trials=64 if args.trials is None else args.trials, exploit_trials=args.exploit_trials,
+                            time_budget=args.time_budget, seed=args.seed, search=_search_options(args),
+                            measure=_measure_config(args), progress=not args.no_progress and sys.stderr.isatty())
     log.info("tuning %s on %s", kernel.name, describe(target))
-    result = tune_kernel(kernel, target=target, trials=64 if args.trials is None else args.trials, exploit_trials=args.exploit_trials,
-                         time_budget=args.time_budget, db=args.db, seed=args.seed,
-                         measure=measure, storm=StormConfig(batch_size=max(1, args.batch_size), prior=args.prior),
-                         raindrop=raindrop,
-                         reuse=max(0, args.reuse), phases=phases, reuse_from=args.reuse_from,
-                         progress=not args.no_progress and sys.stderr.isatty())
+    result = tune_kernel(kernel, options, target=target, db=args.db)
     print(task_table(result.tasks))
     print(f"target: {describe(target)}   tuning: {result.tuning_s:.1f} s")
     if args.json:
         _write_json(args.json, result.to_json())
     return 0
+
+
+def _search_options(args: argparse.Namespace):
+    from stormdrop.search.options import SearchOptions
+    from stormdrop.search.phases import parse_phases
+    from stormdrop.search.storm import StormConfig
+
+    return SearchOptions(phases=parse_phases(args.phases), raindrop=_raindrop_config(args),
+                         storm=StormConfig(batch_size=max(1, args.batch_size), prior=args.prior),
+                         reuse=max(0, args.reuse), reuse_from=tuple(args.reuse_from))
 
 
 def _raindrop_config(args: argparse.Namespace):
@@ -118,27 +122,23 @@ def _rpc(args: argparse.Namespace) -> RpcConfig | None:
 
 
 def _cmd_tune_model(args: argparse.Namespace) -> int:
+    from stormdrop.model.options import ModelOptions
     from stormdrop.model.tune import tune_model
     from stormdrop.report.tables import task_table
-    from stormdrop.search.phases import parse_phases
-    from stormdrop.search.storm import StormConfig
     from stormdrop.target import describe, parse_target
     from stormdrop.workloads.models import load_model, parse_input_shapes
 
     target = parse_target(args.target)
-    raindrop = _raindrop_config(args)
-    phases = parse_phases(args.phases)
+    search = _search_options(args)  # validate options before the model is loaded
     model = load_model(args.model, input_shapes=parse_input_shapes(args.input_shape), batch=args.batch,
                        resolution=args.resolution, seq_len=args.seq_len, seed=args.seed)
     # --time-budget without --trials: the budget (and --trials-per-task) decide, no global cap
     trials = args.trials if args.trials is not None else (None if args.time_budget else 1000)
-    result = tune_model(model, target=target, trials=trials,
-                        trials_per_task=max(2, args.trials_per_task), time_budget=args.time_budget, db=args.db,
-                        seed=args.seed, output=args.output, measure=_measure_config(args),
-                        storm=StormConfig(batch_size=max(1, args.batch_size), prior=args.prior),
-                        reuse=max(0, args.reuse), lowering=_lowering(args), raindrop=raindrop, progress=not args.no_progress, phases=phases,
-                        reuse_from=args.reuse_from, untuned=args.untuned,
-                        in_model_candidates=args.in_model_candidates)
+    options = ModelOptions(trials=trials, trials_per_task=max(2, args.trials_per_task), time_budget=args.time_budget,
+                           seed=args.seed, search=search, measure=_measure_config(args), lowering=_lowering(args),
+                           output=args.output, untuned=args.untuned, in_model_candidates=args.in_model_candidates,
+                           progress=not args.no_progress)
+    result = tune_model(model, options, target=target, db=args.db)
     print(task_table(result.tasks))
     if result.deployed:
         print(f"in-model choice: {len(result.deployed)} task(s) deploy another of their best records: model "

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +24,7 @@ from stormdrop.lowering.winograd import direct_flops as winograd_direct_flops
 from stormdrop.measure.gateway import Gateway, MeasureConfig
 from stormdrop.measure.tracker import RpcConfig
 from stormdrop.model.choice import Deployable, choose
+from stormdrop.model.options import ModelOptions
 from stormdrop.model.run import (
     commit_best,
     compile_model,
@@ -32,12 +32,9 @@ from stormdrop.model.run import (
     random_inputs,
     side_by_side,
 )
-from stormdrop.records import Phase
 from stormdrop.report.display import ModelDisplay, TaskLine, eta_s
-from stormdrop.search.phases import PHASES, check_samples
-from stormdrop.search.raindrop import RaindropConfig
+from stormdrop.search.phases import check_samples
 from stormdrop.search.reuse import block_names, open_donors
-from stormdrop.search.storm import StormConfig
 from stormdrop.storage.database import Database, candidate_key, default_db_path
 from stormdrop.target import canonical, parse_target
 from stormdrop.tuning.driver import Budget, drive, measured
@@ -105,35 +102,24 @@ def extract_tasks(model: Model, target: Target, lowering: Lowering | None = None
     return fused, out
 
 
-def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, trials_per_task: int = 128,
-               time_budget: float | None = None, db: Any = None, seed: int = 0,
-               output: str | None = None, measure: MeasureConfig | None = None,
-               storm: StormConfig | None = None, input_shapes: dict | None = None, batch: int = 1,
-               resolution: int | None = None, seq_len: int | None = None, reuse: int = 8,
-               lowering: Lowering | None = None, raindrop: RaindropConfig | None = None,
-               progress: bool = False, phases: Sequence[Phase] = PHASES,
-               reuse_from: Sequence[str] = (), untuned: bool = False, in_model_candidates: int = 1) -> ModelResult:
-    """Tune every task of a model under a global trial and time budget, then compile and verify.
+def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = None, db: Any = None) -> ModelResult:
+    """Tune every task of a model as ``options`` say (``ModelOptions``; default: 1000 trials in
+    all, 128 per task) on ``target`` (default: the host CPU), storing in ``db`` (a path or an open
+    ``Database``; default: the per-user database); then compile, time and verify the model.
 
-    ``trials=None``: no global cap; the time budget and ``trials_per_task`` end the tuning.
-    ``raindrop`` (default: ``RaindropConfig()``) configures every task's raindrop.
-    ``phases`` and ``reuse_from``: as in ``tune_kernel``, for every task. ``lowering``: how the
-    model is lowered before its kernels are extracted (``Lowering``; default: NHWC on CPUs, fast
-    math, Winograd where it pays). ``untuned``: time the untuned build too (``side_by_side``; it is
-    always run, as the reference, for a model without an ONNX graph). ``in_model_candidates``: each
-    task deploys the fastest inside the compiled model of its best that many records (``model_choice``;
-    1: the best record as tuned; local devices only, the kernels being timed in place by a VM instrument).
+    ``spec``: a ``Model`` (``load_model`` with its input shapes), or what ``load_model`` takes
+    with default shapes (an ONNX path, a zoo name, a Relax module, a ``torch.export`` program).
     """
     start = time.monotonic()
-    check_samples(measure, phases, trials_per_task - max(1, trials_per_task // 2))
+    opts = options or ModelOptions()
+    search, trials, trials_per_task, seed = opts.search, opts.trials, opts.trials_per_task, opts.seed
+    check_samples(opts.measure, search.phases, trials_per_task - max(1, trials_per_task // 2))
     tgt = parse_target(target)
-    model = spec if isinstance(spec, Model) else load_model(
-        spec, input_shapes=input_shapes, batch=batch, resolution=resolution, seq_len=seq_len, seed=seed)
-    deadline = start + time_budget if time_budget else float("inf")
-    measure = (measure or MeasureConfig()).for_models(tgt)
-    if measure.rpc:
-        in_model_candidates = 1  # the VM instrument times kernels only in this process
-    lowering = lowering or Lowering()
+    model = spec if isinstance(spec, Model) else load_model(spec, seed=seed)
+    deadline = start + opts.time_budget if opts.time_budget else float("inf")
+    measure = (opts.measure or MeasureConfig()).for_models(tgt)
+    in_model_candidates = 1 if measure.rpc else opts.in_model_candidates  # the VM instrument times kernels here only
+    lowering = opts.lowering or Lowering()
     fused, tasks = extract_tasks(model, tgt, lowering)
     budgeted = lowering.for_budget(trials, len(tasks))
     if budgeted != lowering and any("winograd" in k.name for k, _ in tasks):
@@ -142,7 +128,7 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
         fused, tasks = extract_tasks(model, tgt, budgeted)
     lowering = budgeted
     own_db = not isinstance(db, Database)
-    donor_dbs = open_donors(reuse_from)
+    donor_dbs = open_donors(search.reuse_from)
     database = Database(db or default_db_path()) if own_db else db
     display = None
     try:
@@ -152,19 +138,18 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
                     "tasks": [{"workload_id": s.entry.workload_id, "name": k.name, "weight": w}
                               for s, (k, w) in zip(sessions, tasks)]}
             database.note_model(model.name, note)  # a killed run's report knows its tasks too
-            first = first_batch_size(trials, len(tasks), (storm or StormConfig()).batch_size)
+            first = first_batch_size(trials, len(tasks), search.storm.batch_size)
             storm_trials = storm_share(trials, len(tasks), trials_per_task, first)
-            tuners = [TaskTuner(s, trials=storm_trials, exploit_trials=trials_per_task - storm_trials,
-                                storm=storm, raindrop=raindrop or RaindropConfig(), reuse=reuse,
-                                first_batch=first, phases=phases, donor_dbs=donor_dbs)
+            tuners = [TaskTuner(s, trials=storm_trials, exploit_trials=trials_per_task - storm_trials, search=search,
+                                first_batch=first, donor_dbs=donor_dbs)
                       for s in sessions]
             # the ledger: --trials counts what earlier runs measured on these tasks too, so that a
             # killed and resumed run measures no more than an uninterrupted one
             used = sum(s.spent() for s in sessions)
             # no global cap and no time budget: the per-task caps bound the run
             cap = float("inf") if trials is None else trials
-            shown_cap = cap if trials is not None or time_budget else trials_per_task * len(tasks)
-            display = ModelDisplay() if progress else None
+            shown_cap = cap if trials is not None or opts.time_budget else trials_per_task * len(tasks)
+            display = ModelDisplay() if opts.progress else None
 
             def show(i: int, used: int) -> None:
                 if display is None:
@@ -175,15 +160,14 @@ def tune_model(spec: Any, *, target: Any = None, trials: int | None = 1000, tria
                 display.show(used, shown_cap, now - start, eta_s(used, now - start, shown_cap, deadline - now),
                              lines, current=i)
 
-            budget = Budget(trials=trials, deadline=deadline, extend=bool(time_budget), per_task_cap=trials_per_task,
+            budget = Budget(trials=trials, deadline=deadline, extend=bool(opts.time_budget), per_task_cap=trials_per_task,
                             builds_after=len(tasks) * model_compiles(in_model_candidates))
-            stopped_by = drive(tuners, sessions, [w for _, w in tasks], budget, used=used, seed=seed, storm=storm,
+            stopped_by = drive(tuners, sessions, [w for _, w in tasks], budget, used=used, seed=seed, storm=search.storm,
                                on_step=show)
             result = ModelResult(canonical(tgt), model.name, 0.0, [s.result for s in sessions], stopped_by=stopped_by)
         # after the gateway is closed: its runners' devices (RPC) are free again for the model
-        deployed = _compile_and_verify(result, model, fused, sessions, tgt, output, seed, start,
-                                       rpc=measure.rpc, untuned=untuned,
-                                       candidates=in_model_candidates)
+        deployed = _compile_and_verify(result, model, fused, sessions, tgt, opts.output, seed, start,
+                                       rpc=measure.rpc, untuned=opts.untuned, candidates=in_model_candidates)
         database.note_model(model.name, {**note, "tuning_s": result.tuning_s, "latency_s": result.latency_s,
                                          "stopped_by": stopped_by, "deployed": deployed})
     finally:

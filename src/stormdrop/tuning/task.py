@@ -27,10 +27,10 @@ from stormdrop import __version__
 from stormdrop.measure.gateway import Gateway
 from stormdrop.records import MeasureResult, Phase, Record
 from stormdrop.report.history import Trial
-from stormdrop.search.phases import PHASES
-from stormdrop.search.raindrop import Raindrop, RaindropConfig
+from stormdrop.search.options import SearchOptions
+from stormdrop.search.raindrop import Raindrop
 from stormdrop.search.space import Candidate, DecisionSpace
-from stormdrop.search.storm import Storm, StormConfig
+from stormdrop.search.storm import Storm
 from stormdrop.storage.database import Database, WorkloadEntry
 from stormdrop.target import canonical, vector_lanes
 from stormdrop.tvm_compat import trace_json as _tvm_json
@@ -218,23 +218,22 @@ class TaskTuner:
     interleave tasks; a kernel tune simply steps one tuner until it is done.
     """
 
-    def __init__(self, task: TaskSession, *, trials: int, exploit_trials: int,
-                 storm: StormConfig | None = None, raindrop: RaindropConfig | None = None, reuse: int = 8,
-                 first_batch: int | None = None, phases: Sequence[Phase] = PHASES,
-                 donor_dbs: Sequence[Database] = ()) -> None:
-        self.phases = tuple(phases)  # which phases run (always in the order reuse, storm, raindrop)
+    def __init__(self, task: TaskSession, *, trials: int, exploit_trials: int, search: SearchOptions | None = None,
+                 first_batch: int | None = None, donor_dbs: Sequence[Database] = ()) -> None:
+        search = search or SearchOptions()
+        self.phases = search.phases  # which phases run (always in the order reuse, storm, raindrop)
         self.task = task
         self.trials = trials if Phase.STORM in self.phases else 0
         self.exploit_trials = exploit_trials if Phase.RAINDROP in self.phases else 0
         self.first_batch = first_batch  # size of the task's first storm batch (default: the storm's batch)
-        self.reuse_donors = reuse if Phase.REUSE in self.phases else 0  # at most this many same-class donors
+        self.reuse_donors = search.reuse if Phase.REUSE in self.phases else 0  # at most this many same-class donors
         self.donor_dbs = tuple(donor_dbs)  # more databases to draw donors from (read only)
         self.reused = self.reuse_donors <= 0
         # a raindrop without a storm starts from a transfer; where no donor gave one, this many
         # storm samples (the prior's pick of a random pool, where there is a prior) stand in
-        self.stand_in = max(1, reuse) if Phase.RAINDROP in self.phases and Phase.STORM not in self.phases else 0
-        self.storm_config = storm or StormConfig()
-        self.raindrop_config = raindrop or RaindropConfig()
+        self.stand_in = max(1, search.reuse) if Phase.RAINDROP in self.phases and Phase.STORM not in self.phases else 0
+        self.storm_config = search.storm
+        self.raindrop_config = search.raindrop
         self.storm: Storm | None = None
         self.drop: Raindrop | None = None
         self.done = False
