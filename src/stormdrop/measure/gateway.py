@@ -305,7 +305,10 @@ class Gateway:
         return MeasureResult(run_secs=tuple(value["run_secs"]))
 
     def close(self) -> None:
-        for w in (*self._builders, *(r.worker for r in self._runners)):
+        workers = (*self._builders, *(r.worker for r in self._runners))
+        for w in workers:  # all exit at once, then each is waited for (or killed)
+            w.ask_to_stop()
+        for w in workers:
             w.stop()
         shutil.rmtree(self._workdir, ignore_errors=True)
 

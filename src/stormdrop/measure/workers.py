@@ -20,8 +20,11 @@ from stormdrop.tvm_compat import patches as _tvm
 
 def child_entry(module: str, function: str) -> str:
     """``python -c`` code calling ``stormdrop.MODULE.FUNCTION(sys.argv[1:])`` without the working
-    directory on sys.path (``-m`` puts it first: a ``tvm.py`` there would be imported)."""
-    return f"import sys; del sys.path[0]; from stormdrop.{module} import {function}; {function}(sys.argv[1:])"
+    directory on sys.path (``-m`` puts it first: a ``tvm.py`` there would be imported), and with
+    ``torch`` unimportable: TVM-FFI imports PyTorch whenever it is installed, which would triple
+    every worker's start-up, and no child process uses it (``tvm_compat/patches.py``)."""
+    return (f"import sys; del sys.path[0]; sys.modules.setdefault('torch', None); "
+            f"from stormdrop.{module} import {function}; {function}(sys.argv[1:])")
 
 
 def child_env() -> dict[str, str]:
@@ -97,12 +100,21 @@ class Worker:
             self.conn.close()
         self.conn = None
 
-    def stop(self) -> None:
+    def ask_to_stop(self) -> None:
+        """Tell the worker to exit (``stop`` waits for it): several workers exit at once."""
         if self.proc is not None and self.proc.poll() is None:
             try:
                 self.conn.send(("stop", ()))
+            except OSError:
+                pass
+
+    def stop(self) -> None:
+        """Ask the worker to exit, give it 2 s, then kill it."""
+        self.ask_to_stop()
+        if self.proc is not None:
+            try:
                 self.proc.wait(2)
-            except (OSError, subprocess.TimeoutExpired):
+            except subprocess.TimeoutExpired:
                 pass
         self.kill()
 

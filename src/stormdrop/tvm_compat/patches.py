@@ -7,6 +7,10 @@
   putting a package object in ``sys.modules`` whose ``__init__`` has not run
   (``load_tensor_intrinsics``). For CUDA the real package is imported. Measurement
   workers need none: they build and run modules that are already scheduled.
+- TVM-FFI imports PyTorch at its own import whenever PyTorch is installed (a symbol-conflict
+  workaround of its own), which more than triples TVM's import time; stormdrop's child processes
+  (measurement workers, isolated steps) never use PyTorch and start with it made unimportable
+  (``measure.workers.child_entry``).
 - TVM's CPU runtime starts ``hardware_concurrency / 2`` threads on x86 (one on
   a 2-core machine), whatever the target's ``num-cores`` says; the count is read
   from ``TVM_NUM_THREADS`` when the thread pool starts (``runtime_threads_env``).
