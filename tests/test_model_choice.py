@@ -9,8 +9,9 @@ import pytest
 from stormdrop.model import choice as model_choice
 from stormdrop.model import run as model_run
 from stormdrop.model.choice import Deployable, choose
-from stormdrop.model.tune import model_compiles, ranked_candidates
+from stormdrop.model.tune import ranked_candidates
 from stormdrop.storage.database import candidate_key
+from stormdrop.tuning.budget import model_compiles
 
 
 def cands(n):

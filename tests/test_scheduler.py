@@ -60,7 +60,7 @@ def test_history_is_monotone():
 
 
 def test_short_budget_shrinks_the_first_batch_so_every_task_is_reached():
-    from stormdrop.model.tune import first_batch_size
+    from stormdrop.tuning.budget import first_batch_size
 
     assert first_batch_size(320, 19, 16) is None  # 19 x 16 = 304 fit: full batches
     assert first_batch_size(256, 19, 16) == 6  # half of 256 / 19: the other half for raindrops
@@ -73,7 +73,7 @@ def test_short_budget_shrinks_the_first_batch_so_every_task_is_reached():
 def test_a_global_trial_cap_leaves_every_task_a_raindrop_share():
     """Each task's storm is half its per-task cap, or, where the global cap cannot give every task
     that cap, half of its share of the global cap: the other half is the raindrop's."""
-    from stormdrop.model.tune import first_batch_size, storm_share
+    from stormdrop.tuning.budget import first_batch_size, storm_share
 
     assert storm_share(None, 8, 128, None) == 64  # no global cap: half the per-task cap
     assert storm_share(4096, 8, 128, None) == 64  # a cap that gives every task its 128
@@ -125,12 +125,12 @@ def _one_builder(build_s, run_s):
 def test_a_resumed_drive_goes_on_with_the_tasks_an_earlier_run_never_reached(monkeypatch):
     # tasks 0 and 1 were measured by a killed run (finite best, 8 trials spent); task 2 never was.
     # With 4 trials left, the resumed run must give them to task 2, not restart the warm-up at task 0
-    from stormdrop.tuning import driver
+    from stormdrop.tuning import budget, driver
 
     monkeypatch.setattr(driver, "verify_bests", lambda sessions: None)
     sessions = [_Session(2e-3), _Session(3e-3), _Session(math.inf)]
     tuners = [_Tuner(s) for s in sessions]
-    stopped = driver.drive(tuners, sessions, [1, 1, 1], driver.Budget(trials=12), used=8)
+    stopped = driver.drive(tuners, sessions, [1, 1, 1], budget.Budget(trials=12), used=8)
     assert stopped == "the trial budget"
     assert [driver.measured(s) for s in sessions] == [0, 0, 4]
 
@@ -140,7 +140,7 @@ def test_a_time_budget_covers_the_verification_and_compile_after_the_search(monk
     # tasks are verified (10 s each) and the model is compiled (one 5-s build a task) after the
     # search, so a 100-s budget leaves the search until about 100 - 10 - 30 - 15 = 45 s (was: 100 s,
     # and the run ended at 145 s)
-    from stormdrop.tuning import driver
+    from stormdrop.tuning import budget, driver
 
     clock = [0.0]
     monkeypatch.setattr(driver.time, "monotonic", lambda: clock[0])
@@ -162,7 +162,7 @@ def test_a_time_budget_covers_the_verification_and_compile_after_the_search(monk
             clock[0] += 10.0
 
         t.step = timed
-    stopped = driver.drive(tuners, sessions, [1, 1, 1], driver.Budget(deadline=100.0, builds_after=3))
+    stopped = driver.drive(tuners, sessions, [1, 1, 1], budget.Budget(deadline=100.0, builds_after=3))
     assert stopped == "the time budget"
     assert sum(driver.measured(s) for s in sessions) == 5 * 4  # steps started at 0, 10, 20, 30 and 40 s
     assert clock[0] + 3 * 5.0 <= 100.0  # verified and compiled by the deadline
@@ -173,7 +173,7 @@ def test_a_time_budget_reaches_every_task_before_its_reserve_stops_the_search(mo
     # (60 s: as when a first batch's wall time counted the builders' start-up). The reserve for
     # verifying and compiling afterwards then exceeds the whole budget; still every task gets its
     # first round (a task never reached runs as a naive loop nest) before the search stops
-    from stormdrop.tuning import driver
+    from stormdrop.tuning import budget, driver
 
     clock = [0.0]
     monkeypatch.setattr(driver.time, "monotonic", lambda: clock[0])
@@ -189,7 +189,7 @@ def test_a_time_budget_reaches_every_task_before_its_reserve_stops_the_search(mo
             clock[0] += 10.0
 
         t.step = timed
-    stopped = driver.drive(tuners, sessions, [1] * 5, driver.Budget(deadline=120.0, builds_after=5))
+    stopped = driver.drive(tuners, sessions, [1] * 5, budget.Budget(deadline=120.0, builds_after=5))
     assert stopped == "the time budget"
     measured = [driver.measured(s) for s in sessions]
     assert measured[0] == 4 and min(measured) >= 1  # one round each (the later ones shrunk), then it stops
@@ -200,7 +200,7 @@ def test_first_rounds_that_cannot_all_fit_shrink_so_the_run_ends_by_its_deadline
     # 160 s, the budget is 100 s. Every task is still reached (a task never reached runs naive), and
     # the later first rounds measure fewer candidates so that the search, its verification (1 s a
     # task) and the model's compile end by the deadline (before: first rounds were never cut: 170 s)
-    from stormdrop.tuning import driver
+    from stormdrop.tuning import budget, driver
 
     clock = [0.0]
     monkeypatch.setattr(driver.time, "monotonic", lambda: clock[0])
@@ -217,16 +217,16 @@ def test_first_rounds_that_cannot_all_fit_shrink_so_the_run_ends_by_its_deadline
             clock[0] += 2.0 * (driver.measured(t.session) - before)
 
         t.step = timed
-    stopped = driver.drive(tuners, sessions, [1] * 10, driver.Budget(deadline=100.0, builds_after=10))
+    stopped = driver.drive(tuners, sessions, [1] * 10, budget.Budget(deadline=100.0, builds_after=10))
     assert stopped == "the time budget"
     measured = [driver.measured(s) for s in sessions]
     assert measured[0] == 8 and min(measured) >= 1 and sum(measured) < 10 * 8  # as measured: [8, 8, 2, ..., 2, 8, 1]
     assert clock[0] + 10 * 0.5 <= 100.0  # verified, and compiled (one 0.5-s build a task), by the deadline
     warm_up = (30.0, 4)  # the very first round pays the gateway's warm-up: it does not count
-    assert driver.first_round_limit(3, [warm_up], 15.0) is None
-    assert driver.first_round_limit(3, [warm_up, (10.0, 4)], 40.0) is None  # full rounds fit
-    assert driver.first_round_limit(3, [warm_up, (10.0, 4)], 15.0) == 2
-    assert driver.first_round_limit(3, [warm_up, (10.0, 4)], -5.0) == 1  # never fewer than one
+    assert budget.first_round_limit(3, [warm_up], 15.0) is None
+    assert budget.first_round_limit(3, [warm_up, (10.0, 4)], 40.0) is None  # full rounds fit
+    assert budget.first_round_limit(3, [warm_up, (10.0, 4)], 15.0) == 2
+    assert budget.first_round_limit(3, [warm_up, (10.0, 4)], -5.0) == 1  # never fewer than one
 
 
 def test_extensions_rotate_among_the_costliest_tasks():
@@ -249,7 +249,7 @@ def test_an_extension_starts_only_if_a_step_as_long_as_the_last_extension_fits(m
     # cost model, then its batch) 30 s. After one extension and 9 short steps, the last 8 steps say
     # 1 s; a second extension at 41 s of a 70.5-s budget would end past 71 s (resnet50's ended 4.9 s
     # past its budget): it is not started
-    from stormdrop.tuning import driver
+    from stormdrop.tuning import budget, driver
 
     clock = [0.0]
     monkeypatch.setattr(driver.time, "monotonic", lambda: clock[0])
@@ -270,7 +270,7 @@ def test_an_extension_starts_only_if_a_step_as_long_as_the_last_extension_fits(m
 
     sessions = [_Session(math.inf), _Session(math.inf)]
     tuners = [Extensible(s) for s in sessions]
-    stopped = driver.drive(tuners, sessions, [2, 1], driver.Budget(deadline=70.5, extend=True))
+    stopped = driver.drive(tuners, sessions, [2, 1], budget.Budget(deadline=70.5, extend=True))
     assert stopped == "the time budget"
     assert clock[0] == 41.0  # two first steps, one extension (30 s + 9 x 1 s), no second one
     assert [driver.measured(s) for s in sessions] == [4 * 11, 4]

@@ -37,7 +37,8 @@ from stormdrop.search.phases import check_samples
 from stormdrop.search.reuse import block_names, open_donors
 from stormdrop.storage.database import Database, candidate_key, default_db_path
 from stormdrop.target import canonical, parse_target
-from stormdrop.tuning.driver import Budget, drive, measured
+from stormdrop.tuning.budget import Budget, first_batch_size, model_compiles, storm_share
+from stormdrop.tuning.driver import drive, measured
 from stormdrop.tuning.task import TaskResult, TaskSession, TaskTuner
 from stormdrop.tvm_compat import patches as _tvm
 from stormdrop.workloads import Kernel
@@ -178,37 +179,6 @@ def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = 
         for d in donor_dbs:
             d.close()
     return result
-
-
-def first_batch_size(trials: int | None, num_tasks: int, batch: int) -> int | None:
-    """A smaller first batch per task when the budget cannot give every task a full one: half
-    of each task's share of ``trials`` (at least 2, in case one fails), the other half left for
-    its raindrop (``storm_share``).
-
-    A task left without any schedule runs as a naive loop nest, often slower than the
-    rest of the model together (a model with more tasks than ``trials / batch`` would leave
-    some unreached), so every task is reached first.
-    """
-    if trials is None or num_tasks <= 0 or trials >= num_tasks * batch:
-        return None
-    return max(2, trials // (2 * num_tasks))
-
-
-def storm_share(trials: int | None, num_tasks: int, trials_per_task: int, first_batch: int | None) -> int:
-    """Storm trials of each task: half of ``trials_per_task``, or where the global ``trials`` cap
-    cannot give every task that many, half of its share of the cap (at least its first batch), so
-    that the raindrop always has the other half (storms of a full half per-task cap would take a
-    small cap whole: no raindrop at all)."""
-    half = max(1, trials_per_task // 2)
-    if trials is None or num_tasks <= 0 or trials >= num_tasks * trials_per_task:
-        return half
-    return min(half, max(first_batch or 1, trials // (2 * num_tasks)))
-
-
-def model_compiles(in_model_candidates: int) -> int:
-    """Compiles of the model after tuning: one, or with an in-model choice among k candidates,
-    one per rank and one of the choice."""
-    return 1 if in_model_candidates < 2 else in_model_candidates + 1
 
 
 def ranked_candidates(session: TaskSession, k: int) -> list[Deployable]:

@@ -1,2 +1,3 @@
 """Tuning runs: one task's tuner over its phases, the driver and task scheduler over a model's
-tasks, the final verification. Measures through the gateway, stores through the database."""
+tasks, what a run may spend (``budget``), the final verification. Measures through the gateway,
+stores through the database."""

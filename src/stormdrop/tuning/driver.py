@@ -1,4 +1,4 @@
-"""The one driver: a kernel is a model with one task.
+"""The one driver: a kernel is a model with one task (what the budget allows: ``tuning.budget``).
 
 ``drive`` steps the tasks' tuners (the gradient task scheduler picks the next one)
 until a budget is spent or every task is done, then finishes each task and
@@ -12,70 +12,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from stormdrop.search.storm import StormConfig
+from stormdrop.tuning.budget import Budget, finishing_s, first_round_limit, next_step_s
 from stormdrop.tuning.scheduler import GradientScheduler, TaskState
 from stormdrop.tuning.task import TaskSession, TaskTuner
 from stormdrop.tuning.verify import verify_bests
-
-
-@dataclass(frozen=True)
-class Budget:
-    """When the driver stops: ``trials`` measured in all (a hard cap; None: none), the wall-clock
-    ``deadline`` (``time.monotonic()``; inf: none). ``extend``: with time left after every task
-    is done, the costliest task gets another storm round and raindrop (``TaskTuner.extend``)."""
-
-    trials: int | None = None
-    deadline: float = math.inf
-    extend: bool = False
-    per_task_cap: int | None = None  # said in the stop reason only
-    builds_after: int = 0  # builds after verification that the deadline covers (a model's compile: one a task)
-
-    def spent(self, used: int, reserve_s: float = 0.0) -> str:
-        """Which budget is spent ("" while neither); ``reserve_s``: the time still needed after the
-        search (see ``finishing_s``), so that the whole run ends by the deadline."""
-        if self.trials is not None and used >= self.trials:
-            return "the trial budget"
-        return "the time budget" if time.monotonic() + reserve_s >= self.deadline else ""
-
-
-def finishing_s(sessions: Sequence[TaskSession], step_s: float, builds_after: int = 0) -> float:
-    """Wall seconds a run still needs once its search stops: ``step_s``, a step that may be under
-    way when the deadline comes (``next_step_s``), every task's best built and measured once more
-    in one batch (``verify_bests``), and ``builds_after`` kernels compiled into the model, as
-    measured by the gateway so far (without it a BERT-base tune ran past its budget by a sixth)."""
-    gateway = getattr(sessions[0], "gateway", None) if sessions else None
-    if gateway is None:
-        return step_s
-    return step_s + gateway.batch_s(len(sessions)) + gateway.compile_s(builds_after)
-
-
-def next_step_s(steps: Sequence[float], extension_steps: Sequence[float], extending: bool) -> float:
-    """How long the next step may take: the longest of the last 8; an extension's first step (a
-    storm round: evolution on the cost model, then its batch) the longest extension step so far,
-    or before any the longest step but the warm-up (an extension's first step can take several
-    times a raindrop step: taken as one, a run ended past its budget)."""
-    if not extending:
-        return max(steps[-8:], default=0.0)
-    return max(extension_steps or steps[1:], default=0.0)
-
-
-def first_round_limit(waiting: int, first_rounds: Sequence[tuple[float, int]], time_left: float) -> int | None:
-    """Candidates each of the ``waiting`` tasks not yet reached may measure in its first round so
-    that all of them fit in ``time_left`` (the deadline less the finishing), scaled from the first
-    rounds so far ((seconds, candidates) each) but the very first, which pays the gateway's warm-up
-    (an order of magnitude slower than the next ones); None while full rounds fit. At least one: a
-    task never reached runs as a naive loop nest. (Without the limit, a many-task model given a
-    short budget for transfers and raindrop ran past its deadline on first rounds.)"""
-    rounds = first_rounds[1:]
-    if not waiting or not rounds:
-        return None
-    seconds = sum(s for s, _ in rounds) / len(rounds)
-    if waiting * seconds <= time_left:
-        return None
-    size = sum(n for _, n in rounds) / len(rounds)
-    return max(1, int(size * max(time_left, 0.0) / (waiting * seconds)))
 
 
 def measured(session: TaskSession) -> int:

@@ -20,7 +20,8 @@ from stormdrop.search.phases import check_samples
 from stormdrop.search.reuse import open_donors
 from stormdrop.storage.database import Database, default_db_path
 from stormdrop.target import canonical, parse_target
-from stormdrop.tuning.driver import Budget, drive, measured
+from stormdrop.tuning.budget import Budget
+from stormdrop.tuning.driver import drive, measured
 from stormdrop.tuning.options import KernelOptions
 from stormdrop.tuning.task import TaskResult, TaskSession, TaskTuner
 from stormdrop.workloads import Kernel, parse_kernel

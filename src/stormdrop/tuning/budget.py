@@ -1,0 +1,106 @@
+"""How much a tuning run may spend, in one place: the trial and time ``Budget`` the driver stops
+on, the time a run still needs once its search stops (``finishing_s``, ``next_step_s``), how
+first rounds shrink so that every task is reached before the deadline (``first_round_limit``),
+and how a model's trial cap is shared among its tasks (``first_batch_size``, ``storm_share``)
+and its compiles counted (``model_compiles``). Pure rules: the driver and ``tune_model`` apply
+them; nothing here measures, stores or sleeps."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stormdrop.tuning.task import TaskSession
+
+
+@dataclass(frozen=True)
+class Budget:
+    """When the driver stops: ``trials`` measured in all (a hard cap; None: none), the wall-clock
+    ``deadline`` (``time.monotonic()``; inf: none). ``extend``: with time left after every task
+    is done, the costliest task gets another storm round and raindrop (``TaskTuner.extend``)."""
+
+    trials: int | None = None
+    deadline: float = math.inf
+    extend: bool = False
+    per_task_cap: int | None = None  # said in the stop reason only
+    builds_after: int = 0  # builds after verification that the deadline covers (a model's compile: one a task)
+
+    def spent(self, used: int, reserve_s: float = 0.0) -> str:
+        """Which budget is spent ("" while neither); ``reserve_s``: the time still needed after the
+        search (see ``finishing_s``), so that the whole run ends by the deadline."""
+        if self.trials is not None and used >= self.trials:
+            return "the trial budget"
+        return "the time budget" if time.monotonic() + reserve_s >= self.deadline else ""
+
+
+def finishing_s(sessions: Sequence[TaskSession], step_s: float, builds_after: int = 0) -> float:
+    """Wall seconds a run still needs once its search stops: ``step_s``, a step that may be under
+    way when the deadline comes (``next_step_s``), every task's best built and measured once more
+    in one batch (``verify_bests``), and ``builds_after`` kernels compiled into the model, as
+    measured by the gateway so far (without it a BERT-base tune ran past its budget by a sixth)."""
+    gateway = getattr(sessions[0], "gateway", None) if sessions else None
+    if gateway is None:
+        return step_s
+    return step_s + gateway.batch_s(len(sessions)) + gateway.compile_s(builds_after)
+
+
+def next_step_s(steps: Sequence[float], extension_steps: Sequence[float], extending: bool) -> float:
+    """How long the next step may take: the longest of the last 8; an extension's first step (a
+    storm round: evolution on the cost model, then its batch) the longest extension step so far,
+    or before any the longest step but the warm-up (an extension's first step can take several
+    times a raindrop step: taken as one, a run ended past its budget)."""
+    if not extending:
+        return max(steps[-8:], default=0.0)
+    return max(extension_steps or steps[1:], default=0.0)
+
+
+def first_round_limit(waiting: int, first_rounds: Sequence[tuple[float, int]], time_left: float) -> int | None:
+    """Candidates each of the ``waiting`` tasks not yet reached may measure in its first round so
+    that all of them fit in ``time_left`` (the deadline less the finishing), scaled from the first
+    rounds so far ((seconds, candidates) each) but the very first, which pays the gateway's warm-up
+    (an order of magnitude slower than the next ones); None while full rounds fit. At least one: a
+    task never reached runs as a naive loop nest. (Without the limit, a many-task model given a
+    short budget for transfers and raindrop ran past its deadline on first rounds.)"""
+    rounds = first_rounds[1:]
+    if not waiting or not rounds:
+        return None
+    seconds = sum(s for s, _ in rounds) / len(rounds)
+    if waiting * seconds <= time_left:
+        return None
+    size = sum(n for _, n in rounds) / len(rounds)
+    return max(1, int(size * max(time_left, 0.0) / (waiting * seconds)))
+
+
+def first_batch_size(trials: int | None, num_tasks: int, batch: int) -> int | None:
+    """A smaller first batch per task when the budget cannot give every task a full one: half
+    of each task's share of ``trials`` (at least 2, in case one fails), the other half left for
+    its raindrop (``storm_share``).
+
+    A task left without any schedule runs as a naive loop nest, often slower than the
+    rest of the model together (a model with more tasks than ``trials / batch`` would leave
+    some unreached), so every task is reached first.
+    """
+    if trials is None or num_tasks <= 0 or trials >= num_tasks * batch:
+        return None
+    return max(2, trials // (2 * num_tasks))
+
+
+def storm_share(trials: int | None, num_tasks: int, trials_per_task: int, first_batch: int | None) -> int:
+    """Storm trials of each task: half of ``trials_per_task``, or where the global ``trials`` cap
+    cannot give every task that many, half of its share of the cap (at least its first batch), so
+    that the raindrop always has the other half (storms of a full half per-task cap would take a
+    small cap whole: no raindrop at all)."""
+    half = max(1, trials_per_task // 2)
+    if trials is None or num_tasks <= 0 or trials >= num_tasks * trials_per_task:
+        return half
+    return min(half, max(first_batch or 1, trials // (2 * num_tasks)))
+
+
+def model_compiles(in_model_candidates: int) -> int:
+    """Compiles of the model after tuning: one, or with an in-model choice among k candidates,
+    one per rank and one of the choice."""
+    return 1 if in_model_candidates < 2 else in_model_candidates + 1
