@@ -13,37 +13,24 @@ __all__ = ["KernelOptions", "Lowering", "ModelOptions", "SearchOptions", "__vers
            "parse_kernel", "tune_kernel", "tune_model"]
 
 
+_PUBLIC = {  # name -> the module that defines it, imported on first use
+    "tune_kernel": "stormdrop.tuning.kernel_tune",
+    "tune_model": "stormdrop.model.tune",
+    "KernelOptions": "stormdrop.tuning.options",
+    "ModelOptions": "stormdrop.model.options",
+    "SearchOptions": "stormdrop.search.options",
+    "parse_kernel": "stormdrop.workloads",
+    "Lowering": "stormdrop.lowering.pipeline",
+}
+
+
 def __getattr__(name: str):  # lazy: `import stormdrop` stays cheap (no TVM import)
-    if name == "tune_kernel":
-        from stormdrop.tuning.kernel_tune import tune_kernel
+    import importlib
 
-        return tune_kernel
-    if name == "tune_model":
-        from stormdrop.model.tune import tune_model
-
-        return tune_model
-    if name == "parse_kernel":
-        from stormdrop.workloads import parse_kernel
-
-        return parse_kernel
-    if name == "KernelOptions":
-        from stormdrop.tuning.options import KernelOptions
-
-        return KernelOptions
-    if name == "ModelOptions":
-        from stormdrop.model.options import ModelOptions
-
-        return ModelOptions
-    if name == "SearchOptions":
-        from stormdrop.search.options import SearchOptions
-
-        return SearchOptions
-    if name == "Lowering":
-        from stormdrop.lowering.pipeline import Lowering
-
-        return Lowering
     if name == "open_database":
         from stormdrop.storage.database import Database
 
         return Database
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
     raise AttributeError(name)

@@ -34,11 +34,11 @@ from stormdrop.model.run import (
 )
 from stormdrop.report.display import ModelDisplay, TaskLine, eta_s
 from stormdrop.search.phases import check_samples
-from stormdrop.search.reuse import block_names, open_donors
-from stormdrop.storage.database import Database, candidate_key, default_db_path
+from stormdrop.search.reuse import block_names
+from stormdrop.storage.database import candidate_key
 from stormdrop.target import canonical, parse_target
 from stormdrop.tuning.budget import Budget, first_batch_size, model_compiles, storm_share
-from stormdrop.tuning.driver import drive, measured
+from stormdrop.tuning.driver import drive, measured, run_databases
 from stormdrop.tuning.task import TaskResult, TaskSession, TaskTuner
 from stormdrop.tvm_compat import patches as _tvm
 from stormdrop.workloads import Kernel
@@ -128,56 +128,50 @@ def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = 
                  model.name, trials, len(tasks))
         fused, tasks = extract_tasks(model, tgt, budgeted)
     lowering = budgeted
-    own_db = not isinstance(db, Database)
-    donor_dbs = open_donors(search.reuse_from)
-    database = Database(db or default_db_path()) if own_db else db
     display = None
     try:
-        with Gateway(tgt, measure) as gateway:
-            sessions = [TaskSession(database, gateway, k, tgt, seed) for k, _ in tasks]
-            note = {"target": canonical(tgt), "started_at": time.time(), "winograd": lowering.winograd,
-                    "tasks": [{"workload_id": s.entry.workload_id, "name": k.name, "weight": w}
-                              for s, (k, w) in zip(sessions, tasks)]}
-            database.note_model(model.name, note)  # a killed run's report knows its tasks too
-            first = first_batch_size(trials, len(tasks), search.storm.batch_size)
-            storm_trials = storm_share(trials, len(tasks), trials_per_task, first)
-            tuners = [TaskTuner(s, trials=storm_trials, exploit_trials=trials_per_task - storm_trials, search=search,
-                                first_batch=first, donor_dbs=donor_dbs)
-                      for s in sessions]
-            # the ledger: --trials counts what earlier runs measured on these tasks too, so that a
-            # killed and resumed run measures no more than an uninterrupted one
-            used = sum(s.spent() for s in sessions)
-            # no global cap and no time budget: the per-task caps bound the run
-            cap = float("inf") if trials is None else trials
-            shown_cap = cap if trials is not None or opts.time_budget else trials_per_task * len(tasks)
-            display = ModelDisplay() if opts.progress else None
+        with run_databases(db, search.reuse_from) as (database, donor_dbs):
+            with Gateway(tgt, measure) as gateway:
+                sessions = [TaskSession(database, gateway, k, tgt, seed) for k, _ in tasks]
+                note = {"target": canonical(tgt), "started_at": time.time(), "winograd": lowering.winograd,
+                        "tasks": [{"workload_id": s.entry.workload_id, "name": k.name, "weight": w}
+                                  for s, (k, w) in zip(sessions, tasks)]}
+                database.note_model(model.name, note)  # a killed run's report knows its tasks too
+                first = first_batch_size(trials, len(tasks), search.storm.batch_size)
+                storm_trials = storm_share(trials, len(tasks), trials_per_task, first)
+                tuners = [TaskTuner(s, trials=storm_trials, exploit_trials=trials_per_task - storm_trials, search=search,
+                                    first_batch=first, donor_dbs=donor_dbs)
+                          for s in sessions]
+                # the ledger: --trials counts what earlier runs measured on these tasks too, so that a
+                # killed and resumed run measures no more than an uninterrupted one
+                used = sum(s.spent() for s in sessions)
+                # no global cap and no time budget: the per-task caps bound the run
+                cap = float("inf") if trials is None else trials
+                shown_cap = cap if trials is not None or opts.time_budget else trials_per_task * len(tasks)
+                display = ModelDisplay() if opts.progress else None
 
-            def show(i: int, used: int) -> None:
-                if display is None:
-                    return
-                lines = [TaskLine(k.name, w, tu.phase.value, se.best, measured(se), se.result.trials["failed"])
-                         for (k, w), tu, se in zip(tasks, tuners, sessions)]
-                now = time.monotonic()
-                display.show(used, shown_cap, now - start, eta_s(used, now - start, shown_cap, deadline - now),
-                             lines, current=i)
+                def show(i: int, used: int) -> None:
+                    if display is None:
+                        return
+                    lines = [TaskLine(k.name, w, tu.phase.value, se.best, measured(se), se.result.trials["failed"])
+                             for (k, w), tu, se in zip(tasks, tuners, sessions)]
+                    now = time.monotonic()
+                    display.show(used, shown_cap, now - start, eta_s(used, now - start, shown_cap, deadline - now),
+                                 lines, current=i)
 
-            budget = Budget(trials=trials, deadline=deadline, extend=bool(opts.time_budget), per_task_cap=trials_per_task,
-                            builds_after=len(tasks) * model_compiles(in_model_candidates))
-            stopped_by = drive(tuners, sessions, [w for _, w in tasks], budget, used=used, seed=seed, storm=search.storm,
-                               on_step=show)
-            result = ModelResult(canonical(tgt), model.name, 0.0, [s.result for s in sessions], stopped_by=stopped_by)
-        # after the gateway is closed: its runners' devices (RPC) are free again for the model
-        deployed = _compile_and_verify(result, model, fused, sessions, tgt, opts.output, seed, start,
-                                       rpc=measure.rpc, untuned=opts.untuned, candidates=in_model_candidates)
-        database.note_model(model.name, {**note, "tuning_s": result.tuning_s, "latency_s": result.latency_s,
-                                         "stopped_by": stopped_by, "deployed": deployed})
+                budget = Budget(trials=trials, deadline=deadline, extend=bool(opts.time_budget), per_task_cap=trials_per_task,
+                                builds_after=len(tasks) * model_compiles(in_model_candidates))
+                stopped_by = drive(tuners, sessions, [w for _, w in tasks], budget, used=used, seed=seed, storm=search.storm,
+                                   on_step=show)
+                result = ModelResult(canonical(tgt), model.name, 0.0, [s.result for s in sessions], stopped_by=stopped_by)
+            # after the gateway is closed: its runners' devices (RPC) are free again for the model
+            deployed = _compile_and_verify(result, model, fused, sessions, tgt, opts.output, seed, start,
+                                           rpc=measure.rpc, untuned=opts.untuned, candidates=in_model_candidates)
+            database.note_model(model.name, {**note, "tuning_s": result.tuning_s, "latency_s": result.latency_s,
+                                             "stopped_by": stopped_by, "deployed": deployed})
     finally:
         if display is not None:
             display.close()
-        if own_db:
-            database.close()
-        for d in donor_dbs:
-            d.close()
     return result
 
 

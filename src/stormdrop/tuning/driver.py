@@ -9,15 +9,36 @@ trials and the verification.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
+from stormdrop.search.reuse import open_donors
 from stormdrop.search.storm import StormConfig
+from stormdrop.storage.database import Database, default_db_path
 from stormdrop.tuning.budget import Budget, finishing_s, first_round_limit, next_step_s
 from stormdrop.tuning.scheduler import GradientScheduler, TaskState
 from stormdrop.tuning.task import TaskSession, TaskTuner
 from stormdrop.tuning.verify import verify_bests
+
+
+@contextlib.contextmanager
+def run_databases(db: Any, reuse_from: Sequence[str]) -> Iterator[tuple[Database, list[Database]]]:
+    """A run's database (``db``: a path, None for the per-user one, or an open ``Database``, which
+    is left open) and its donor databases (``reuse_from``, read only), closed when the run ends."""
+    donors: list[Database] = []
+    database = None
+    try:
+        donors = open_donors(reuse_from)
+        database = Database(db or default_db_path()) if not isinstance(db, Database) else db
+        yield database, donors
+    finally:
+        if database is not None and database is not db:
+            database.close()
+        for d in donors:
+            d.close()
 
 
 def measured(session: TaskSession) -> int:

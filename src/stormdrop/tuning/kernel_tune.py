@@ -17,11 +17,10 @@ from stormdrop.errors import TuningError
 from stormdrop.measure.gateway import Gateway, MeasureConfig
 from stormdrop.records import Phase
 from stormdrop.search.phases import check_samples
-from stormdrop.search.reuse import open_donors
-from stormdrop.storage.database import Database, default_db_path
+from stormdrop.storage.database import Database
 from stormdrop.target import canonical, parse_target
 from stormdrop.tuning.budget import Budget
-from stormdrop.tuning.driver import drive, measured
+from stormdrop.tuning.driver import drive, measured, run_databases
 from stormdrop.tuning.options import KernelOptions
 from stormdrop.tuning.task import TaskResult, TaskSession, TaskTuner
 from stormdrop.workloads import Kernel, parse_kernel
@@ -56,14 +55,12 @@ def tune_kernel(kernel: str | Kernel, options: KernelOptions | None = None, *,
     exploit = opts.trials if opts.exploit_trials is None else opts.exploit_trials
     deadline = start + opts.time_budget if opts.time_budget else float("inf")
     check_samples(opts.measure, search.phases, exploit)
-    own_db = not isinstance(db, Database)
-    donor_dbs = open_donors(search.reuse_from)
-    database = Database(db or default_db_path()) if own_db else db
     trials = opts.trials if Phase.STORM in search.phases else 0
     exploit = exploit if Phase.RAINDROP in search.phases else 0
     bar = _progress_bar(k.name, trials + exploit) if opts.progress else None
     try:
-        with Gateway(tgt, (opts.measure or MeasureConfig()).for_kernels()) as gateway:
+        with run_databases(db, search.reuse_from) as (database, donor_dbs), \
+                Gateway(tgt, (opts.measure or MeasureConfig()).for_kernels()) as gateway:
             task = TaskSession(database, gateway, k, tgt, opts.seed, progress=bar)
             if bar is not None:
                 bar.update(min(task.spent(Phase.STORM), trials) + min(task.spent(Phase.RAINDROP), exploit))
@@ -73,10 +70,6 @@ def tune_kernel(kernel: str | Kernel, options: KernelOptions | None = None, *,
     finally:
         if bar is not None:
             bar.close()
-        if own_db:
-            database.close()
-        for d in donor_dbs:
-            d.close()
     if not task.result.trace_json:  # no valid schedule re-measured (checked unless checking is off)
         raise TuningError(f"{k.name}: no valid, verified schedule was found ({task.result.trials['failed']} of "
                           f"{measured(task)} candidates measured by this run failed)")
