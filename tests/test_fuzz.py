@@ -5,7 +5,8 @@ traceback: exit 0 or 2, and a refused import leaves the database as it was. And 
 of a model's convolution: refused by ``check_trace_json`` or replayed by TVM without a crash
 (what ``tune`` and ``bench`` rely on when they replay a database's traces in process).
 
-``FUZZ_EXAMPLES`` (environment) sets the number of cases of each test (default: CI's);
+``FUZZ_EXAMPLES`` (environment) sets the number of cases of each test (default: CI's, 8 file and
+row cases, 200 trace cases);
 ``FUZZ_TALLY`` names a JSON file that gets each command's exit codes counted
 (``benchmarks/fuzz_inputs.py``)."""
 
@@ -29,7 +30,9 @@ from stormdrop.storage.metaschedule import export_metaschedule
 from stormdrop.tvm_compat import patches as _tvm
 from stormdrop.tvm_compat import trace_json as _tvm_json
 
+# cases of each test: a file or row case runs CLI commands (child processes), a trace case one fork
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "8"))
+TRACE_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "200"))
 TALLY: dict[str, int] = {}
 SETTINGS = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
                     suppress_health_check=list(HealthCheck))
@@ -281,7 +284,7 @@ def test_mutated_traces_are_refused_or_replayed_without_a_crash(conv_traces) -> 
 
     mod, traces = conv_traces
 
-    @SETTINGS
+    @settings(SETTINGS, max_examples=TRACE_EXAMPLES)
     @given(_trace_mutants(traces))
     def case(obj) -> None:
         try:
