@@ -10,6 +10,8 @@
 # carrying .gpu1; call 2, on the still-warm machine: `bash benchmarks/device_cuda.sh run`
 # carrying .gpu2 (env: PYTEST_ARGS, BENCH_S, KERNELS, TRIALS, EXPLOIT, SEEDS, BENCH_ARGS). The run installs into /tmp/site, checks the GPU, runs tests/test_cuda.py
 # (the GPU test included) and benchmarks/bench_kernels.py --target cuda; logs and JSON go to $OUT.
+# MODEL=resnet18 (MODEL_ARGS="--resolution 56", MODEL_BUDGET=240): then `tune --model` on the GPU, with
+# -vv logging to $OUT/model.log (BENCH_S=1 skips the kernels).
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/stage /tmp/site
@@ -52,3 +54,9 @@ timeout -s INT "${BENCH_S:-330}" python3 benchmarks/bench_kernels.py --target cu
     --kernels "${KERNELS:-mm1024,r50_c2_b8}" --trials "${TRIALS:-64}" --exploit-trials "${EXPLOIT:-32}" \
     --seeds "${SEEDS:-0}" ${BENCH_ARGS:---skip-3x --no-postopt} --json "$OUT/results_kernels_cuda.json" --out "$OUT/RESULTS_cuda.md" 2>&1 | tee "$OUT/bench.log"
 echo "done at $(( $(date +%s) - t0 )) s"
+if [ -n "${MODEL:-}" ]; then
+    timeout -s INT $(( ${MODEL_BUDGET:-240} + 120 )) python3 -m stormdrop.cli.main -vv tune --model "$MODEL" ${MODEL_ARGS:---resolution 56} \
+        --target cuda --time-budget "${MODEL_BUDGET:-240}" --db "$OUT/model.db" --json "$OUT/model.json" --no-progress \
+        > "$OUT/model.log" 2>&1
+    echo "model tune exit $? at $(( $(date +%s) - t0 )) s"; grep -v "^\[" "$OUT/model.log" | tail -30
+fi
