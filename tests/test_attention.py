@@ -58,6 +58,7 @@ def test_padded_lengths():
     assert [attention.padded(n) for n in (197, 128, 64, 65, 63, 17, 577, 1)] == [208, 128, 64, 80, 63, 17, 592, 1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seq,scores", [(70, "scale"), (70, "mask"), (97, "divide"), (48, "mask"), (96, "mask")])
 def test_an_attention_is_padded_only_where_it_tiles_badly_and_matches_onnxruntime(seq, scores):
     model = _attention_model(seq, scores)

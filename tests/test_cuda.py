@@ -32,6 +32,7 @@ def _device_sms(mod, target) -> set[int]:
     return {_nvrtc.cubin_sm(_nvrtc.cuda_cubin(m.inspect_source(), arch)) for m in lib.imports if m.kind == "cuda"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_cuda_candidates_are_sampled_and_built_to_device_code(tmp_path, arch):
     target = parse_target({"kind": "cuda", "arch": arch})
@@ -92,6 +93,7 @@ def test_headers_nvrtc_cannot_compile_with_are_passed_over(tmp_path, monkeypatch
         _nvrtc.cuda_headers.cache_clear()
 
 
+@pytest.mark.slow
 def test_a_models_tasks_extract_for_cuda_without_cpu_weight_packing(tmp_path):
     model = load_model(tiny_net(str(tmp_path / "tiny.onnx")))
     fused, tasks = extract_tasks(model, parse_target({"kind": "cuda", "arch": "sm_90"}))
@@ -110,6 +112,7 @@ needs_gpu = pytest.mark.skipif(not _gpu_visible(), reason="needs an NVIDIA GPU v
                                "(none here: CUDA candidates are built above, timing them needs the GPU)")
 
 
+@pytest.mark.slow
 @needs_gpu
 def test_a_cuda_kernel_is_tuned_on_the_gpu_and_its_best_computes_the_right_answer(tmp_path):
     import numpy as np

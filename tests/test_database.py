@@ -283,6 +283,7 @@ def _open_and_write(path: str, barrier, errors) -> None:
         errors.put(str(err))
 
 
+@pytest.mark.slow
 def test_tuners_that_open_a_new_database_at_the_same_moment_all_open_it(tmp_path: Path) -> None:
     """Four processes open one new database file at the same instant and write to it, again and
     again (40 files): every one opens it (SQLite answered "database is locked" to some, at once,

@@ -34,6 +34,7 @@ def test_the_fixtures_cover_what_the_exporters_write():
     assert {m["file"] for m in MANIFEST} == {p.name for p in FIXTURES.glob("*.onnx")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [m["name"] for m in MANIFEST])
 def test_an_exported_network_compiles_vectorized_and_matches_onnxruntime(name):
     model = load_model(str(FIXTURES / f"{name}.onnx"))
@@ -47,6 +48,7 @@ def test_an_exported_network_compiles_vectorized_and_matches_onnxruntime(name):
         assert np.abs(out - ref).max() <= 1e-4 * np.abs(ref).max()
 
 
+@pytest.mark.slow
 def test_an_exported_convnext_is_tuned_compiled_and_checked_against_both_runtimes(tmp_path):
     result = tune_model(str(FIXTURES / "tv_convnext.onnx"), ModelOptions(trials=48, trials_per_task=2, seed=0),
                         db=tmp_path / "c.db")
@@ -56,6 +58,7 @@ def test_an_exported_convnext_is_tuned_compiled_and_checked_against_both_runtime
     assert result.max_abs_error < 1e-3
 
 
+@pytest.mark.slow
 def test_mobilenet_v3s_hard_activations_stay_nhwc():
     """HardSigmoid and HardSwish as Relax max/min: in NHWC only the input's and the head's
     transposes are left (with relax.op.clip each SE gate and hardswish was a kernel with

@@ -63,6 +63,7 @@ def transcendental_model(opset: int = 20) -> onnx.ModelProto:
     return oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
 
 
+@pytest.mark.slow
 def test_no_transcendental_operator_leaves_a_scalar_libm_call_and_outputs_match_onnxruntime():
     model = from_onnx_model(transcendental_model(), "transcendentals")
     slow, _ = libm_calls(model, fast_math=False)

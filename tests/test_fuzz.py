@@ -30,6 +30,8 @@ from stormdrop.storage.metaschedule import export_metaschedule
 from stormdrop.tvm_compat import patches as _tvm
 from stormdrop.tvm_compat import trace_json as _tvm_json
 
+pytestmark = pytest.mark.slow  # builds, runs or spawns processes
+
 # cases of each test: a file or row case runs CLI commands (child processes), a trace case one fork
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "8"))
 TRACE_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "200"))

@@ -57,6 +57,7 @@ def test_a_crafted_module_graph_is_refused_before_tvm_sees_it(mod, how) -> None:
         _tvm_json.check_object_graph(_crafted(_graph(mod), how))
 
 
+@pytest.mark.slow
 def test_a_self_referencing_graph_crashes_tvm_itself(tmp_path: Path, mod) -> None:
     """Why the check exists: the same text handed to TVM kills the process (SIGSEGV)."""
     path = tmp_path / "g.json"
@@ -82,6 +83,7 @@ def _blob(text: str) -> str:
     return base64.b64encode(len(data).to_bytes(8, "little") + data).decode()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", HOW)
 def test_import_of_a_crafted_workload_file_is_one_line_and_changes_nothing(tmp_path: Path, mod, traces, how) -> None:
     path, good, before = one_record_exported(tmp_path, mod, traces)
@@ -98,6 +100,7 @@ def test_import_of_a_crafted_workload_file_is_one_line_and_changes_nothing(tmp_p
     assert dump(path) == before
 
 
+@pytest.mark.slow
 def test_a_nested_record_line_is_one_line(tmp_path: Path, mod, traces) -> None:
     path, good, before = one_record_exported(tmp_path, mod, traces)
     (good / "database_tuning_record.json").write_text("[" * 100_000 + "]" * 100_000 + "\n")
@@ -106,6 +109,7 @@ def test_a_nested_record_line_is_one_line(tmp_path: Path, mod, traces) -> None:
     assert dump(path) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["self", "deep"])
 def test_a_crafted_module_in_a_database_row_is_one_line_from_show_and_report(tmp_path: Path, mod, traces,
                                                                            how) -> None:
@@ -124,6 +128,7 @@ def test_a_crafted_module_in_a_database_row_is_one_line_from_show_and_report(tmp
     assert dump(path) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("secs", ["[-1.0]", "[0.0]", "[1e-300]", "[-Infinity]", "[NaN]", "[]", '["0.001"]', "empty trace"])
 def test_an_impossible_imported_record_is_refused_and_changes_nothing(tmp_path: Path, mod, traces, secs,
                                                                      capsys) -> None:
@@ -144,6 +149,7 @@ def test_an_impossible_imported_record_is_refused_and_changes_nothing(tmp_path: 
     assert dump(path) == before
 
 
+@pytest.mark.slow
 def test_a_trace_that_crashes_tvm_is_refused_by_import_and_export_with_one_line(tmp_path: Path, mod, traces) -> None:
     """A null instruction attribute (GetSBlock's function name) kills TVM's trace replay (SIGSEGV):
     ``check_trace_json`` refuses it: import with one line, nothing written; export skips that record,

@@ -55,6 +55,7 @@ def _compiled_untuned(name: str, layout: str, fast_math: bool = True, winograd: 
 
 
 # 3x3, strided, 1x1, depthwise, max/avg pooling, residual add (resnet18, mobilenet_v2), concat (squeezenet, googlenet)
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "squeezenet1_0", "googlenet"])
 def test_default_layout_is_nhwc_matches_onnxruntime_without_per_call_weight_transforms(name):
     mod, tasks, rel_err = _compiled_untuned(name, "auto")
@@ -71,6 +72,7 @@ def test_default_layout_is_nhwc_matches_onnxruntime_without_per_call_weight_tran
         assert any("conv2d" in t and "minimum" in t for t in tasks), tasks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
 def test_blocked_layout_matches_onnxruntime_without_per_call_weight_transforms(name):
     mod, tasks, rel_err = _compiled_untuned(name, "blocked")
@@ -83,6 +85,7 @@ def test_blocked_layout_matches_onnxruntime_without_per_call_weight_transforms(n
             assert any("depthwise_conv2d_NCHWc" in t for t in tasks)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("m", ["2", "4"])
 def test_winograd_convolutions_match_onnxruntime_without_per_call_weight_transforms(m):
     """Every 3x3 stride-1 convolution of a tiny ResNet-18 as Winograd F(m x m, 3 x 3) (8x8 down
@@ -108,6 +111,7 @@ def test_winograd_needs_trials_a_small_cap_keeps_convolutions_direct():
     assert Lowering(winograd="2").as_tuned({"winograd": "off"}).winograd == "2"
 
 
+@pytest.mark.slow
 def test_winograd_auto_keeps_small_images_and_few_channels_direct():
     from stormdrop.lowering.winograd import choose_tile
 
@@ -127,6 +131,7 @@ def test_winograd_auto_keeps_small_images_and_few_channels_direct():
     assert not any("winograd" in t for t in tasks)
 
 
+@pytest.mark.slow
 def test_winograd_tasks_count_a_direct_convolutions_flops():
     """So that GFLOPS (task tables, a model's effective GFLOPS) compare Winograd and direct
     kernels on the same work: the model's conv FLOPs are the same with Winograd on or off."""
@@ -147,6 +152,7 @@ def test_unknown_winograd_mode_is_a_spec_error():
         extract_tasks(_model("resnet18"), TARGET, Lowering("auto", True, "8"))
 
 
+@pytest.mark.slow
 def test_nchw_layout_keeps_the_model_as_it_is():
     mod, tasks, rel_err = _compiled_untuned("resnet18", "nchw")
     assert rel_err < 1e-4
@@ -216,6 +222,7 @@ def test_unknown_layout_is_a_spec_error():
         extract_tasks(_model("resnet18"), TARGET, Lowering("nc4hw"))
 
 
+@pytest.mark.slow
 def test_fast_math_encoder_matches_onnxruntime():
     mod, tasks, rel_err = _compiled_untuned("bert_base", "blocked", fast_math=True)
     assert rel_err < 1e-4
@@ -231,6 +238,7 @@ def _relax_matmuls(mod) -> int:
     return len(calls)
 
 
+@pytest.mark.slow
 def test_combined_qkv_projections_are_one_gemm_and_match_onnxruntime():
     from stormdrop.tvm_compat import patches as _tvm
     from stormdrop.workloads import kernel_args

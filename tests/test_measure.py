@@ -102,6 +102,7 @@ def test_a_killed_builder_is_a_retryable_failure_and_the_next_build_runs(gateway
     assert r.ok
 
 
+@pytest.mark.slow
 def test_a_hang_times_out_and_the_next_candidate_still_runs(kernel):
     with Gateway(host_target(), MeasureConfig(repeat=3, min_repeat_ms=2000, run_timeout_s=1.0)) as gw:
         gw.prepare(KEY, kernel.mod)
@@ -120,6 +121,7 @@ def test_a_dead_runner_is_restarted(gateway, kernel):
     assert results[1].ok  # whatever happened to the first, the run goes on
 
 
+@pytest.mark.slow
 def test_a_runner_grown_past_its_memory_limit_is_restarted_and_still_checks(kernel):
     # candidate libraries leak memory in TVM (see _tvm): a runner past its limit is replaced
     wrong = _variant(lambda A, B, n: te.compute((n, n), lambda i, j: A[i, j] * B[i, j], name="C"))
@@ -162,6 +164,7 @@ def _listening_addresses(pids):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not __import__("os").path.exists("/proc/net/tcp"), reason="Linux /proc needed")
 def test_measuring_listens_on_no_network_port(kernel):
     import os
@@ -175,6 +178,7 @@ def test_measuring_listens_on_no_network_port(kernel):
         assert _listening_addresses(pids) == []  # workers talk over socket pairs, not ports
 
 
+@pytest.mark.slow
 def test_a_build_failure_is_heard_as_its_build_ends_not_after_the_batch(kernel):
     """The caller commits each result as it arrives: a build failure reaches ``on_result`` before
     the batch's other builds (it used to wait for every build of the batch, so a kill then lost it)."""

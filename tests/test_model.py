@@ -46,6 +46,7 @@ def tiny_net(path, op="Relu"):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.alone  # it compares kernel times in the model with the tuned ones
 def test_tiny_onnx_network_tuned_compiled_and_matched(tmp_path):
     path = tiny_net(str(tmp_path / "tiny.onnx"))
@@ -138,6 +139,7 @@ def test_interleaved_peers_take_turns_and_report_medians():
     assert got == {"a": 2.0, "b": 5.0}
 
 
+@pytest.mark.slow
 def test_bench_without_records_is_one_error_line(tmp_path):
     path = tiny_net(str(tmp_path / "tiny.onnx"))
     from stormdrop.storage.database import Database
@@ -160,6 +162,7 @@ def test_input_shape_override_and_batch(tmp_path):
         parse_input_shapes(["input=1x3"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["unsupported", "corrupt", "missing"])
 def test_bad_models_give_one_error_line_and_exit_2(tmp_path, case):
     if case == "unsupported":
@@ -182,6 +185,7 @@ def test_bad_models_give_one_error_line_and_exit_2(tmp_path, case):
     assert {"unsupported": "StormdropNoSuchOp", "corrupt": "not a valid ONNX", "missing": "no such file"}[case] in lines[0]
 
 
+@pytest.mark.slow
 def test_zoo_cli_lists_and_exports(tmp_path):
     r = subprocess.run([sys.executable, "-m", "stormdrop", "zoo", "list"], capture_output=True, text=True)
     assert r.returncode == 0 and "resnet18" in r.stdout.split() and "bert_base" in r.stdout.split()
@@ -192,6 +196,7 @@ def test_zoo_cli_lists_and_exports(tmp_path):
     assert load_model(str(out)).inputs["input"][0] == (1, 3, 32, 32)
 
 
+@pytest.mark.slow
 def test_trials_is_a_hard_cap(tmp_path):
     """--trials is never exceeded, even when it is no multiple of the batch or the task count."""
     path = tiny_net(str(tmp_path / "tiny.onnx"))
@@ -201,6 +206,7 @@ def test_trials_is_a_hard_cap(tmp_path):
     assert result.stopped_by == "the trial budget"
 
 
+@pytest.mark.slow
 def test_a_small_trial_cap_tunes_direct_convolutions_and_bench_builds_them(tmp_path):
     """A 48-channel 3x3 convolution at 28x28 is a Winograd kernel under --winograd auto, but 6
     trials over the model's tasks are too few to tune one: the tune keeps it direct, notes so,
@@ -232,6 +238,7 @@ def test_a_small_trial_cap_tunes_direct_convolutions_and_bench_builds_them(tmp_p
     assert all(r.latency_s is not None for r in bench.tasks)
 
 
+@pytest.mark.slow
 def test_a_small_trial_cap_leaves_the_raindrop_its_share(tmp_path):
     """--trials 24 over the tiny network's tasks (per-task cap 128, storm batches of 16): each task's
     storm stops at half its share of the cap and the other half goes to raindrops (before, the
@@ -246,6 +253,7 @@ def test_a_small_trial_cap_leaves_the_raindrop_its_share(tmp_path):
     assert all(t.verified for t in result.tasks)
 
 
+@pytest.mark.slow
 @pytest.mark.alone
 def test_cli_time_budget_keeps_tuning_past_the_per_task_cap(tmp_path):
     """--time-budget alone: a task at its --trials-per-task cap is not a reason to stop with time
@@ -271,6 +279,7 @@ def test_cli_time_budget_keeps_tuning_past_the_per_task_cap(tmp_path):
     assert "Scope Saving" not in r.stderr
 
 
+@pytest.mark.slow
 def test_a_killed_model_tune_resumes_losing_nothing_and_measuring_nothing_twice(tmp_path):
     """SIGKILL a `tune --model` once it has committed a random number of records, re-run it: every
     record committed before the kill is still there, unchanged; the re-run measures no candidate

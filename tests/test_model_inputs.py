@@ -29,6 +29,7 @@ def _dense_relu_module(w: np.ndarray) -> tvm.IRModule:
     return bb.get()
 
 
+@pytest.mark.slow
 def test_relax_module_tuned_compiled_and_checked(tmp_path):
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((64, 32)) * 0.1).astype("float32")
@@ -47,6 +48,7 @@ def test_relax_module_tuned_compiled_and_checked(tmp_path):
     np.testing.assert_allclose(_run_artifact(so, x), np.maximum(x @ w, 0), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_torch_export_program_tuned_and_matches_pytorch(tmp_path):
     torch = pytest.importorskip("torch")  # PyTorch is an optional extra, never required
 

@@ -137,6 +137,7 @@ def test_import_is_one_transaction(tmp_path: Path, mod, traces, monkeypatch) -> 
     assert os.path.getsize(path) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("corrupt", ["unknown_instruction", "truncated_trace", "wrong_block"])
 def test_a_malformed_trace_in_an_imported_file_is_refused_with_one_line(tmp_path: Path, mod, traces,
                                                                          corrupt, capsys) -> None:

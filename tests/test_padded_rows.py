@@ -52,6 +52,7 @@ def test_padded_row_counts():
     assert all(padded_rows.padded(n) >= n for n in range(1, 400))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tokens,seq_first", [(67, False), (70, False), (67, True)])
 def test_a_product_is_computed_over_padded_rows_only_where_they_tile_badly_and_matches_onnxruntime(tokens, seq_first):
     model = _mlp_model(tokens, seq_first)

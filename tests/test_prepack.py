@@ -13,6 +13,8 @@ from stormdrop.search.storm import Storm, StormConfig
 from stormdrop.target import host_target
 from stormdrop.workloads import parse_kernel
 
+pytestmark = pytest.mark.slow  # builds, runs or spawns processes
+
 SPEC = "conv2d:N=1,C=16,H=8,W=8,K=32,R=3,S=3,pad=1,layout=NHWC"
 
 

@@ -45,6 +45,7 @@ def test_shipped_prior_is_present_and_sizable():
     assert all(g.costs.min() < 1e9 for g in groups)  # every workload has valid measurements
 
 
+@pytest.mark.slow
 def test_prior_ranks_held_out_kernels_better_than_chance():
     """Leave one workload out: the model trained on the others orders its schedules by speed
     better than chance (Spearman 0) on average; measured 0.20 when the prior was built."""
@@ -79,6 +80,7 @@ def test_storm_with_prior_predicts_before_any_measurement():
     cold.close()
 
 
+@pytest.mark.slow
 def test_the_cost_model_trains_only_when_it_is_used():
     """Retraining on the prior takes seconds a task: transfers told to the storm are learnt when
     the model ranks something (a storm batch, the raindrop), so a reuse-only run trains nothing."""

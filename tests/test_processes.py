@@ -15,8 +15,9 @@ import pytest
 from dbutil import SPEC, stored_rows
 
 SCRIPT = Path(sys.executable).with_name("stormdrop")  # the console script: no working directory on sys.path
-pytestmark = pytest.mark.skipif(not SCRIPT.exists() or not sys.platform.startswith("linux"),
-                                reason="the stormdrop console script and /proc")
+pytestmark = [pytest.mark.slow,  # spawns processes
+              pytest.mark.skipif(not SCRIPT.exists() or not sys.platform.startswith("linux"),
+                                 reason="the stormdrop console script and /proc")]
 
 
 def _workers(parent: int) -> list[int]:

@@ -27,6 +27,7 @@ def db_dir(tmp_path: Path, mod, traces) -> Path:
     return d
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("journal", ["wal", "delete"])
 def test_reading_commands_leave_the_database_and_its_directory_as_they_were(tmp_path: Path, db_dir: Path,
                                                                            journal: str) -> None:
@@ -71,6 +72,7 @@ def test_reading_commands_see_a_live_writers_commits_and_leave_its_files(tmp_pat
         assert len(db.records(wid)) == n
 
 
+@pytest.mark.slow
 def test_an_old_or_empty_database_is_refused_by_a_reading_command_and_left_as_it_was(tmp_path: Path,
                                                                                     db_dir: Path) -> None:
     path = db_dir / "t.db"

@@ -65,6 +65,7 @@ def _digest(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_report_and_comparison_of_two_databases(tmp_path):
     a, b = synthetic_db(tmp_path / "a.db"), synthetic_db(tmp_path / "b.db", scale=2.0)
     before = _digest(a)
@@ -81,6 +82,7 @@ def test_report_and_comparison_of_two_databases(tmp_path):
     assert one.count("<img") == 1 and "matmul_64" not in one
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, needle", [
     (["--db", "{tmp}/none.db"], "no database"),
     (["--db", "{a}", "--model", "resnet18"], "no model run named 'resnet18'"),
@@ -107,6 +109,7 @@ def tuned_tiny(tmp_path_factory):
     return tmp / "m.db", json.loads((tmp / "t.json").read_text()), r.stderr
 
 
+@pytest.mark.slow
 def test_a_model_run_is_noted_and_its_history_is_in_the_json(tuned_tiny):
     db_path, doc, _ = tuned_tiny
     with Database(db_path) as db:
@@ -123,6 +126,7 @@ def test_a_model_run_is_noted_and_its_history_is_in_the_json(tuned_tiny):
             assert all(a["elapsed_s"] <= b["elapsed_s"] for a, b in zip(hist, hist[1:]))
 
 
+@pytest.mark.slow
 def test_the_progress_display_is_plain_lines_off_a_terminal(tuned_tiny):
     _, doc, stderr = tuned_tiny
     lines = [ln for ln in stderr.splitlines() if "ETA" in ln]
@@ -138,6 +142,7 @@ def _browser():
     return pytest.importorskip("playwright.sync_api"), exe
 
 
+@pytest.mark.slow
 def test_the_model_report_opens_in_chromium(tuned_tiny, tmp_path):
     db_path, doc, _ = tuned_tiny
     r = _cli("report", "--db", str(db_path), "--model", "tiny", "--out", str(tmp_path / "rep"))
@@ -195,6 +200,7 @@ def test_live_display_keeps_log_lines_above_its_block():
         type(h).__name__ != "_AboveTheBlock" for h in logging.getLogger("stormdrop").handlers)
 
 
+@pytest.mark.slow
 def test_a_metaschedule_database_can_be_compared(tuned_tiny, tmp_path):
     """--compare takes a MetaSchedule JSON database directory: here the same run exported, so every
     task is matched and every ratio is 1."""

@@ -20,6 +20,7 @@ from stormdrop.storage.database import Database
 from stormdrop.workloads import parse_kernel
 
 
+@pytest.mark.slow
 def test_kill_9_loses_nothing_and_the_rerun_measures_nothing_twice(tmp_path):
     db, out = tmp_path / "k.db", tmp_path / "k.json"
     args = ["-m", "stormdrop", "tune", "--kernel", SPEC, "--trials", "24", "--exploit-trials", "0",
@@ -48,6 +49,7 @@ def test_kill_9_loses_nothing_and_the_rerun_measures_nothing_twice(tmp_path):
     assert len(keys) == len(set(keys)), "a schedule was measured twice"
 
 
+@pytest.mark.slow
 def test_a_kernel_killed_in_its_raindrop_resumes_it_and_measures_nothing_twice(tmp_path):
     """SIGKILL once the raindrop has committed a few neighbours: the re-run keeps every record, runs
     no storm again (its 8 trials are stored), goes on with the raindrop within its budget, and no
@@ -85,6 +87,7 @@ def _donor_db(path, shapes):
     return path
 
 
+@pytest.mark.slow
 def test_a_kernel_killed_in_its_reuse_phase_resumes_it_and_measures_nothing_twice(tmp_path):
     """SIGKILL once two of the transfers (from eight donors) are committed: the re-run keeps every
     record, measures the transfers left (not those stored), then the storm, and ends with what an

@@ -97,6 +97,7 @@ def test_a_donor_that_does_not_transfer_gives_its_place_to_the_next(tmp_path):
                                _run(kernel.mod, [a.copy() for a in args]), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_reuse_phase_measures_transfers_from_a_same_class_kernel(tmp_path):
     db = tmp_path / "r.db"
     tune_kernel("matmul:M=64,N=64,K=64", KernelOptions(trials=8, exploit_trials=0, seed=0), db=db)
@@ -202,6 +203,7 @@ def _conv_epilogue(c, h, residual, act="relu"):
     return tvm.IRModule({"main": te.create_prim_func([*args, out])})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("donor_act, target_act, residual, rank", [("relu", "relu", True, 1),
                                                                     ("silu", "relu6", False, 2),
                                                                     ("fast_silu", "relu6", False, 3),
@@ -272,6 +274,7 @@ def test_exact_class_donors_come_before_related_ones(tmp_path):
     assert by_shape == [near.workload_id, far.workload_id]  # order="shape": the nearest shapes first
 
 
+@pytest.mark.slow
 def test_a_resumed_run_is_not_charged_twice_for_its_transfers(tmp_path, donor_db):
     """The ledger: a run's transfers come back from the database when it is re-run with a larger
     budget, and cost nothing again (they were subtracted twice: 7 records for --trials 8)."""
@@ -289,6 +292,7 @@ def test_a_resumed_run_is_not_charged_twice_for_its_transfers(tmp_path, donor_db
         assert len(d.records(entry.workload_id)) == 8
 
 
+@pytest.mark.slow
 def test_with_a_prior_reuse_measures_the_nearest_donors_best_then_what_the_prior_ranks_fastest(tmp_path, monkeypatch):
     """--reuse N with a prior and transfer_pool=2: the two best records of more donors are
     transferred; the nearest donor's best and the N - 1 transfers the prior ranks fastest are

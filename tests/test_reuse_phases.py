@@ -14,6 +14,8 @@ from stormdrop.tuning.kernel_tune import tune_kernel
 from stormdrop.tuning.options import KernelOptions
 from stormdrop.workloads import parse_kernel
 
+pytestmark = pytest.mark.slow  # builds, runs or spawns processes
+
 
 def test_phases_reuse_only_and_donors_from_another_database_left_unchanged(tmp_path, donor_db):
     """--phases reuse is transfer only (no storm, no raindrop); --reuse-from draws donors from another

@@ -20,6 +20,8 @@ from stormdrop.storage.database import Database
 from stormdrop.tuning.kernel_tune import tune_kernel
 from stormdrop.tuning.options import KernelOptions
 
+pytestmark = pytest.mark.slow  # builds, runs or spawns processes
+
 KEY = "stormdrop-test"
 
 

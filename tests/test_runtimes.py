@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tvm
 from test_fastmath import transcendental_model
 
@@ -33,6 +34,7 @@ def test_openvino_runs_the_onnx_graph_at_fp32_in_the_graphs_output_order():
     assert 0 < timer() < 1.0
 
 
+@pytest.mark.slow
 def test_side_by_side_times_openvino_only_when_its_output_matches(monkeypatch):
     model = from_onnx_model(transcendental_model(), "transcendentals")
     ex = tvm.compile(model.mod, target=TARGET)

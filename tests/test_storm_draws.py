@@ -3,6 +3,8 @@ for a batch's worth of valid random schedules, not half its population."""
 
 from __future__ import annotations
 
+import pytest
+
 from stormdrop.search.storm import Storm, StormConfig
 from stormdrop.target import host_target, parse_target
 from stormdrop.workloads import parse_kernel
@@ -35,6 +37,7 @@ def test_an_empty_draw_is_drawn_again_and_three_in_a_row_end_the_storm(monkeypat
     storm.close()
 
 
+@pytest.mark.slow
 def test_a_gpu_storm_asks_for_a_batch_of_valid_samples_a_cpu_storm_for_its_setting():
     kernel = parse_kernel("matmul:M=64,N=64,K=64")
     cfg = StormConfig(init_min_unmeasured=64, batch_size=16)

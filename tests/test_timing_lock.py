@@ -9,6 +9,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from stormdrop.storage.database import Database
 
 HOLDER = textwrap.dedent("""
@@ -31,6 +33,7 @@ def test_two_processes_never_time_at_the_same_moment(tmp_path, monkeypatch):
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), "two timings overlapped"
 
 
+@pytest.mark.slow
 def test_a_tuner_waits_for_another_processs_timing(tmp_path, monkeypatch):
     """While another process holds the timing lock, a tune builds but does not time: its first
     record is committed only after the lock is released."""

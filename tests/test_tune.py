@@ -24,6 +24,7 @@ from stormdrop.tvm_compat import trace_json as _tvm_json
 from stormdrop.workloads import parse_kernel
 
 
+@pytest.mark.slow
 def test_kernel_with_packed_weights_is_measured_and_verified(tmp_path):
     """TOPI's NHWC conv marks its weight layout-free: MetaSchedule's RewriteLayout packs it, so the
     timed library takes packed weights; the check still runs on the original inputs."""
@@ -32,6 +33,7 @@ def test_kernel_with_packed_weights_is_measured_and_verified(tmp_path):
     assert task.verified
     assert task.trials["failed"] <= 2, task.trials  # was: every candidate a run error (packed shapes)
 
+@pytest.mark.slow
 @pytest.mark.alone
 def test_tiny_kernel_end_to_end_is_verified_and_resumes(tmp_path):
     db = tmp_path / "t.db"
@@ -68,6 +70,7 @@ def test_tiny_kernel_end_to_end_is_verified_and_resumes(tmp_path):
     assert len(_rows(db)) == len(records)
 
 
+@pytest.mark.slow
 def test_a_wrong_kernel_is_never_chosen(tmp_path, monkeypatch):
     """Inject, into the storm's first batch, a kernel that computes the wrong thing fast."""
     from tvm import te
@@ -98,6 +101,7 @@ def test_a_wrong_kernel_is_never_chosen(tmp_path, monkeypatch):
     assert task.trace_json != recs[injected[0]].trace_json
 
 
+@pytest.mark.slow
 @pytest.mark.alone  # its runs have a timeout: under a second test process two of them ran past it
 def test_cli_json_export_import_show(tmp_path):
     db, out, ms_dir = tmp_path / "c.db", tmp_path / "r.json", tmp_path / "ms"
@@ -143,6 +147,7 @@ def test_cli_json_export_import_show(tmp_path):
         (task["stored"], task2["stored"], task2["trials"], said)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, needle", [
     (["tune", "--kernel", "matmul:M=4,N=4"], "K"),
     (["tune", "--kernel", "nosuchop:M=4"], "matmul"),
@@ -165,6 +170,7 @@ def test_bad_input_gives_one_error_line_and_exit_2(tmp_path, args, needle):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_a_corrupt_database_is_refused_and_left_alone(tmp_path):
     db = tmp_path / "garbage.db"
     db.write_bytes(b"this is not sqlite" * 100)
@@ -212,6 +218,7 @@ def test_run_timeouts_and_crashes_are_retried_once_by_the_next_run(tmp_path, tra
         assert last.calls == 0
 
 
+@pytest.mark.slow
 def test_two_tuners_on_one_database_never_measure_a_candidate_twice(tmp_path):
     """Two identical tunes (same seed, so the same proposals) started together on one database:
     a candidate one of them claimed is not measured by the other, which takes its result; every
@@ -232,6 +239,7 @@ def test_two_tuners_on_one_database_never_measure_a_candidate_twice(tmp_path):
         assert con.execute("SELECT COUNT(*) FROM claims").fetchone() == (0,)  # every claim released
 
 
+@pytest.mark.slow
 def test_one_sample_per_candidate_is_refused_whenever_a_raindrop_would_run(tmp_path):
     """The t-test needs samples: --repeat 1 is refused through the library too (it used to turn the
     test off silently there), before the database is touched; with no raindrop it is allowed."""

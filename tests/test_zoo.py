@@ -54,6 +54,7 @@ def test_zoo_names():
     assert ZOO["resnet50"].paper_size == 224
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(ZOO))
 def test_zoo_model_checks_and_runs(name):
     model = _tiny_model(name)
@@ -68,6 +69,7 @@ def test_zoo_model_checks_and_runs(name):
     assert 1e-3 < float(np.abs(y).max()) < 1e4  # activations stay O(1)-ish
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bert_base", "mobilebert"])
 def test_sequence_models_stay_finite_at_their_full_depth(name):
     """Random weights at the default layer count (12, 24), short sequence: MobileBERT's NoNorm
@@ -79,6 +81,7 @@ def test_sequence_models_stay_finite_at_their_full_depth(name):
     assert 1e-3 < float(np.abs(y).max()) < 1e3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "bert_base", "shufflenet_v2_x1_0", "mobilebert"])
 def test_zoo_model_matches_under_tvm(name):
     tvm = pytest.importorskip("tvm")
