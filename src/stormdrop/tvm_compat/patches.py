@@ -2,10 +2,11 @@
 
 - ``import tvm.s_tir.tensor_intrin`` (done by every ``TuneContext`` and by
   MetaSchedule's builder) imports the intrinsics of every backend; the CUDA ones
-  take most of that import's time. For CPU targets we
+  take half of that import's time. For CPU targets we
   register only the intrinsics of the target's CPU family, by
   putting a package object in ``sys.modules`` whose ``__init__`` has not run
-  (``load_tensor_intrinsics``). For CUDA the real package is imported. Measurement
+  (``load_tensor_intrinsics``); for CUDA targets only the CUDA ones (half of the whole
+  import), for other GPU kinds the real package. Measurement
   workers need none: they build and run modules that are already scheduled.
 - TVM-FFI imports PyTorch at its own import whenever PyTorch is installed (a symbol-conflict
   workaround of its own), which more than triples TVM's import time; stormdrop's child processes
@@ -102,14 +103,17 @@ def load_tensor_intrinsics(target: str | Any) -> None:
     name (``"llvm"``: every CPU family, for traces of unknown origin).
     """
     kind = target if isinstance(target, str) else target.kind.name
-    if kind != "llvm":
-        import tvm.s_tir.tensor_intrin  # noqa: F401  (all backends; slow but needed for GPUs)
+    if kind not in ("llvm", "cuda"):
+        import tvm.s_tir.tensor_intrin  # noqa: F401  (all backends)
 
         # after a CPU target's cheap import, the package in sys.modules is the stub whose
         # __init__ never ran: a GPU target's intrinsics must still be registered
         importlib.import_module(f"{_INTRIN_PKG}.cuda")
         return
-    families = ("x86", "arm_cpu") if isinstance(target, str) else (_cpu_family(target),)
+    if kind == "cuda":
+        families: tuple[str, ...] = ("cuda",)
+    else:
+        families = ("x86", "arm_cpu") if isinstance(target, str) else (_cpu_family(target),)
     if _INTRIN_PKG not in sys.modules:
         spec = importlib.util.find_spec(_INTRIN_PKG)
         if spec is None or spec.submodule_search_locations is None:  # pragma: no cover
