@@ -136,15 +136,18 @@ def test_cli_json_export_import_show(tmp_path):
     r = _stormdrop("show", "--db", str(db2))
     assert r.returncode == 0 and "imported_" in r.stdout
     said += r.stdout
-    # the JSON's "stored" counts what the database holds: imported records apart, spending nothing
+    # the JSON's "stored" counts what the database holds, imported records apart, and the run spends
+    # no trial on them; verification re-times the imported best, and one that runs over twice its
+    # stored time here is stored re-measured (this machine's record from then on) before the next is tried
     out2 = tmp_path / "r2.json"
     r = _stormdrop("tune", "--kernel", "dense_bias_relu:M=16,N=32,K=16", "--trials", "4", "--exploit-trials", "0",
                    "--db", str(db2), "--json", str(out2), "--no-progress")
     assert r.returncode == 0, r.stderr
     (task2,) = json.loads(out2.read_text())["tasks"]
     n = sum(task["stored"][p] for p in ("storm", "raindrop"))
-    assert task2["trials"]["storm"] == 4 and task2["stored"]["imported"] == n and task2["stored"]["storm"] == 4, \
-        (task["stored"], task2["stored"], task2["trials"], said)
+    stored = task2["stored"]
+    assert task2["trials"]["storm"] == 4 and stored["imported"] + stored["storm"] == n + 4, (stored, said)
+    assert stored["imported"] <= n, (stored, said)
 
 
 @pytest.mark.slow
