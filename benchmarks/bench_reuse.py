@@ -108,14 +108,15 @@ def one_pair(donor: str, target_name: str, args: argparse.Namespace, target, db_
     from stormdrop.model.tune import tune_model
     from stormdrop.records import Phase
     from stormdrop.search.options import SearchOptions
+    from stormdrop.search.phases import PHASES
+    from stormdrop.search.storm import StormConfig
 
-    def tuned(model, db: str, phases=None, reuse: int = 8, reuse_from=(), storm=None, **kw) -> tuple[float, float]:
+    def tuned(model, db: str, phases=PHASES, reuse: int = 8, reuse_from=(), storm=None, **kw) -> tuple[float, float]:
         """(tuning seconds as tune_model reports them: extraction, search, verification and the tuned
         model's compile, what --time-budget bounds; wall seconds of the call, its final timing beside
         ONNX Runtime included)."""
         t0 = time.monotonic()
-        search = SearchOptions(reuse=reuse, reuse_from=tuple(reuse_from), **({"phases": phases} if phases else {}),
-                               **({"storm": storm} if storm is not None else {}))
+        search = SearchOptions(phases=phases, storm=storm or StormConfig(), reuse=reuse, reuse_from=tuple(reuse_from))
         result = tune_model(model, ModelOptions(seed=args.seed, search=search, **kw), target=target, db=db)
         return result.tuning_s, time.monotonic() - t0
 
