@@ -84,7 +84,7 @@ def tuned_best(kernel: Any, target: Any, trials: int, path: str, seed: int, sear
     from stormdrop.target import canonical
     from stormdrop.tuning.kernel_tune import tune_kernel
     from stormdrop.tuning.options import KernelOptions
-    from stormdrop.tvm_compat import trace_json as _tvm_json
+    from stormdrop.tvm_compat.trace_json import schedule_from_trace_json
 
     options = KernelOptions(trials=trials, exploit_trials=trials, seed=seed, search=search or SearchOptions(),
                             measure=measure)
@@ -92,7 +92,7 @@ def tuned_best(kernel: Any, target: Any, trials: int, path: str, seed: int, sear
     with Database(path) as db:
         best = db.best(db.find_workload(kernel.mod).workload_id, canonical(target), k=1)[0]
     row = {"stored_s": t.latency_s, "tuning_s": t.tuning_s, "trials": t.trials}
-    return row, _tvm_json.schedule_from_trace_json(kernel.mod, best.trace_json).mod
+    return row, schedule_from_trace_json(kernel.mod, best.trace_json).mod
 
 
 def retime_in_turns(target: Any, variants: dict[str, tuple[str, Any, Any]], rounds: int, seed: int,
@@ -139,7 +139,7 @@ def quiet_meta_schedule() -> None:
     logging.getLogger(MS_LOGGER).setLevel(logging.WARNING)
 
 
-from stormdrop.tvm_compat.patches import load_tensor_intrinsics  # noqa: E402
+from stormdrop.tvm_compat.intrinsics import load_tensor_intrinsics  # noqa: E402
 
 
 def meta_schedule_model(model: Any, target: Any, trials: int, seed: int, batch: int, lowering: Any,

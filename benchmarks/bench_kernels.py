@@ -142,7 +142,7 @@ def tune_all(kernel, target, args, seed: int) -> dict[str, dict]:
 
     from stormdrop.tuning.kernel_tune import tune_kernel
     from stormdrop.tuning.options import KernelOptions
-    from stormdrop.tvm_compat import trace_json as _tvm_json
+    from stormdrop.tvm_compat.trace_json import schedule_from_trace_json
 
     res: dict[str, dict] = {}
     total = args.trials + args.exploit_trials  # MetaSchedule's budget when stormdrop fails
@@ -154,7 +154,7 @@ def tune_all(kernel, target, args, seed: int) -> dict[str, dict]:
                                target=target, db=os.path.join(tmp, "stormdrop.sqlite")).tasks[0]
             wall = time.monotonic() - t0
             total = task.trials["storm"] + task.trials["raindrop"]
-            mod = _tvm_json.schedule_from_trace_json(kernel.mod, task.trace_json).mod
+            mod = schedule_from_trace_json(kernel.mod, task.trace_json).mod
             res["stormdrop"] = {"mod": mod, "tuning_s": wall, "trials": total,
                                 "self_latency_s": task.latency_s, "trial_counts": dict(task.trials)}
         except Exception as err:  # noqa: BLE001 - one failure is a cell, the benchmark goes on
@@ -263,6 +263,8 @@ def md_row(cells: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # searches measured from nothing, arms alike: no schedule hub (bench_models/bench_small: --hub)
+    os.environ.setdefault("STORMDROP_HUB", "off")
     args = parse_args(argv)
     if args.list:
         for k, spec in KERNELS.items():
@@ -278,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     from stormdrop.errors import SpecError
     from stormdrop.measure.gateway import Gateway, MeasureConfig
     from stormdrop.target import canonical, parse_target, physical_cores
-    from stormdrop.tvm_compat import patches as _tvm
+    from stormdrop.tvm_compat.intrinsics import load_tensor_intrinsics
+    from stormdrop.tvm_compat.relax_passes import gpu_default_schedule
     from stormdrop.workloads import kernel_args, parse_kernel
 
     try:
@@ -286,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    _tvm.load_tensor_intrinsics(target.kind.name)
+    load_tensor_intrinsics(target.kind.name)
     threads = int(os.environ.get(_PINNED, 0) or target.attrs.get("num-cores", physical_cores()))
     mach = machine()
     if target.kind.name == "cuda":
@@ -302,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         for n, k in zip(args.names, kernels):
             mod = k.mod
             if target.kind.name == "cuda":  # an unscheduled kernel has no GPU threads
-                mod = _tvm.gpu_default_schedule(mod, target)
+                mod = gpu_default_schedule(mod, target)
             tvm.compile(mod, target=target)
             print(f"  {n}: {k.name} ({k.op_class}, {k.flops / 1e9:.3f} GFLOP) builds", flush=True)
         return 0

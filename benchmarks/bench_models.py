@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--storm-split", default="share", choices=["share", "half"],
                    help="A/B of issue 40: 'half' gives every task's storm half its per-task cap whatever the "
                         "global --trials (the split before: no raindrop under a small cap)")
+    p.add_argument("--hub", default="on", choices=["on", "off", "ab"],
+                   help="stormdrop draws reuse donors from the shipped schedule hub of the target's ISA class (on, "
+                        "the library's default), not (off), or tunes both ways, timed in turns with the peers (ab)")
     p.add_argument("--rounds", type=int, default=5,
                    help="latencies: median over this many rounds in which the peers take turns")
     p.add_argument("--seed", type=int, default=0)
@@ -105,6 +108,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
     )
     from stormdrop.model.runtimes import onnxruntime_timer, openvino_timer
     from stormdrop.model.tune import tune_model
+    from stormdrop.search.options import SearchOptions
     from stormdrop.storage.database import Database
     from stormdrop.workloads.models import load_model
     from stormdrop.workloads.zoo import SEQUENCE_MODELS
@@ -136,11 +140,13 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             os.makedirs(args.keep_db, exist_ok=True)
             db_path = os.path.join(args.keep_db, f"{os.path.basename(name)}.db")  # (a path: its file name)
 
-        def tune(db: str, cache_flush: bool | None, untuned: bool = False, lowering: Lowering = lowering):
+        def tune(db: str, cache_flush: bool | None, untuned: bool = False, lowering: Lowering = lowering,
+                 hub: bool = args.hub != "off"):
             return tune_model(model,
                               ModelOptions(trials=None if args.time_budget else args.trials,
                                            trials_per_task=args.trials_per_task, time_budget=args.time_budget,
                                            seed=args.seed, lowering=lowering, untuned=untuned,
+                                           search=SearchOptions(hub=hub),
                                            in_model_candidates=args.in_model_candidates,
                                            measure=MeasureConfig(cache_flush=cache_flush)),
                               target=target, db=db)
@@ -169,18 +175,20 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             out["untuned_s"] = r.latency_s["untuned"]
         except Exception as err:  # noqa: BLE001 - a failure is a cell
             out["stormdrop"] = {"status": f"failed: {short(err)}", "tuning_s": time.monotonic() - t0}
-        arms = []  # A/B arms: (key, its tuning's measure config, its lowering), tuned and timed like stormdrop's
+        # A/B arms: (key, its tuning's measure config, its lowering, its hub), tuned and timed like stormdrop's
+        flush = {"auto": None, "on": True}.get(args.cache_flush, False)
+        arms = []
         if args.cache_flush == "ab":  # the same tuning, candidates timed with the caches flushed
-            arms.append(("cold_tuned", True, lowering))
+            arms.append(("cold_tuned", True, lowering, args.hub != "off"))
         if args.pad_attention == "ab":  # the same tuning, attentions at their own length
-            arms.append(("unpadded", {"auto": None, "on": True}.get(args.cache_flush, False),
-                         dataclasses.replace(lowering, pad_attention=False)))
+            arms.append(("unpadded", flush, dataclasses.replace(lowering, pad_attention=False), args.hub != "off"))
         if args.pad_rows == "ab":  # the same tuning, matrix products at their own row count
-            arms.append(("unpadded_rows", {"auto": None, "on": True}.get(args.cache_flush, False),
-                         dataclasses.replace(lowering, pad_rows=False)))
-        for key, cache_flush, arm_lowering in arms:
+            arms.append(("unpadded_rows", flush, dataclasses.replace(lowering, pad_rows=False), args.hub != "off"))
+        if args.hub == "ab":  # the same tuning without the schedule hub
+            arms.append(("no_hub", flush, lowering, False))
+        for key, cache_flush, arm_lowering, arm_hub in arms:
             arm_db = db_path.replace(".db", "") + f".{key}.db" if args.keep_db else os.path.join(tmp, f"{key}.sqlite")
-            ra = tune(arm_db, cache_flush, lowering=arm_lowering)
+            ra = tune(arm_db, cache_flush, lowering=arm_lowering, hub=arm_hub)
             with Database(arm_db) as db:
                 ex_arm, rows_arm = tuned_build(model, db, target, arm_lowering)
             task_times_in_model(ex_arm, inputs, target, rows_arm)
@@ -262,7 +270,8 @@ _ARMS = {"cold_tuned": ("tuned with the caches flushed (--cache-flush", "tuned w
          "unpadded": ("tuned with attentions at their own length (--pad-attention ab", "padded", "unpadded / padded",
                       False, "unpadded"),
          "unpadded_rows": ("tuned with matrix products at their own row count (--pad-rows ab", "padded rows",
-                           "unpadded / padded", False, "unpadded rows")}
+                           "unpadded / padded", False, "unpadded rows"),
+         "no_hub": ("tuned without the schedule hub (--hub ab", "with the hub", "no hub / hub", False, "no hub")}
 
 
 def row(r: dict) -> list[str]:
@@ -283,6 +292,13 @@ def row(r: dict) -> list[str]:
             *cell(r["stormdrop"]), *cell(r.get("ms_same", {})), *cell(r.get("ms_3x", {})),
             ratio(r.get("ms_same", {})), ratio(r.get("ms_3x", {})), ratio(r["onnxruntime_s"]),
             ratio(r.get("openvino_s"))]
+
+
+def _hub_name(target) -> str:
+    from stormdrop.storage.hub import hub_path
+
+    path = hub_path(target)
+    return os.path.basename(path) if path else "none for this target"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -327,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
              + (f" (rows {', '.join(sorted(done))} from the earlier run that wrote {args.merge_json}: "
                 f"`{earlier['command']}`)" if args.merge_json else ""),
              f"- {size}; stormdrop layout {args.layout}, winograd {args.winograd}, cache flush {args.cache_flush}, "
-             f"storm split {args.storm_split}; "
+             f"storm split {args.storm_split}, schedule hub {args.hub} ({_hub_name(target)}); "
              + (f"time budget {args.time_budget:.0f} s (per-task cap {args.trials_per_task} extended while time is "
                 "left; MetaSchedule 'same' = the trials stormdrop measured); "
                 if args.time_budget else

@@ -55,6 +55,8 @@ def kernel(m: int, k: int, n: int, rows: int):
 
 
 def main(argv: list[str] | None = None) -> int:
+    # searches measured from nothing, arms alike: no schedule hub (bench_models/bench_small: --hub)
+    os.environ.setdefault("STORMDROP_HUB", "off")
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _peers import machine, pinned_host, publish, tuned_and_retimed

@@ -43,6 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # searches measured from nothing, arms alike: no schedule hub (bench_models/bench_small: --hub)
+    os.environ.setdefault("STORMDROP_HUB", "off")
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _peers import machine, pinned_host, publish
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from stormdrop.storage.database import Database
     from stormdrop.tuning.kernel_tune import tune_kernel
     from stormdrop.tuning.options import KernelOptions
-    from stormdrop.tvm_compat import trace_json as _tvm_json
+    from stormdrop.tvm_compat.trace_json import schedule_from_trace_json
     from stormdrop.workloads import parse_kernel
 
     target, key = pinned_host()
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                         best[name] = db.best(wl.workload_id, key, k=1)[0]
                 with Gateway(target) as gw:
                     gw.prepare(spec, kernel.mod, seed)
-                    mods = {n: _tvm_json.schedule_from_trace_json(kernel.mod, b.trace_json).mod for n, b in best.items()}
+                    mods = {n: schedule_from_trace_json(kernel.mod, b.trace_json).mod for n, b in best.items()}
                     times = {n: [] for n in mods}
                     for _ in range(args.rounds):
                         for n, res in zip(mods, gw.measure(spec, list(mods.values()))):

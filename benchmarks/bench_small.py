@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", default="smallcnn:128,smallres:128/256,smallmb:128/256,resnet18@56:200")
     p.add_argument("--held-out", default="smallres,smallmb,mobilenet_v2@96",
                    help="the cases named held out before the run (NAME or NAME@RES)")
+    p.add_argument("--hub", default="on", choices=["on", "off", "ab"],
+                   help="the schedule hub: on (the default), off, or both arms timed in turns (ab)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/RESULTS.md")
@@ -65,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
             label = name if res is None else f"{name}@{res}"
             print(f"[{label}, {trials} trials]", flush=True)
             margs = bench_models.parse_args(["--models", model, "--trials", str(trials), "--trials-per-task", "128",
-                                             "--skip-ms", "--rounds", str(args.rounds), "--seed", str(args.seed)]
+                                             "--skip-ms", "--rounds", str(args.rounds), "--seed", str(args.seed),
+                                             "--hub", args.hub]
                                             + (["--resolution", str(res)] if res else []))
             r = bench_models.bench_one(model, margs, target)
             r = {k: ({kk: vv for kk, vv in v.items() if kk != "ex"} if isinstance(v, dict) else v) for k, v in r.items()}
@@ -83,16 +86,20 @@ def main(argv: list[str] | None = None) -> int:
             rows.append([name, str(res or "model's"), str(trials), str(sd.get("tasks", "-")), ms_(r["onnxruntime_s"]),
                          ms_(r.get("openvino_s")), ms_(lat) if lat else sd.get("status", "-"),
                          f"{sd.get('tuning_s', 0):.0f}", ratio(r["onnxruntime_s"]), ratio(r.get("openvino_s")),
-                         "yes" if r["held_out"] else "no"])
+                         "yes" if r["held_out"] else "no"]
+                        + ([ms_(r["no_hub"].get("latency_s")), ratio(r["onnxruntime_s"], r["no_hub"].get("latency_s")),
+                            ratio(r.get("openvino_s"), r["no_hub"].get("latency_s"))] if "no_hub" in r else []))
             print("| " + " | ".join(rows[-1]) + " |", flush=True)
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump({"command": " ".join(sys.argv), "target": canonical(target), "cases": raw}, f, indent=1)
+    header = HEADER + (["no hub ms", "ORT / no hub", "OV / no hub"] if args.hub == "ab" else [])
     lines = ["", f"## Small inputs and budgets, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- machine: {machine()}; target: `{canonical(target)}`", f"- command: `{' '.join(sys.argv)}`",
-             "- stormdrop as `tune --model M --trials N` (per-task cap 128, defaults otherwise); latencies in ms: "
+             f"- stormdrop as `tune --model M --trials N` (per-task cap 128, defaults otherwise; schedule hub {args.hub}: "
+             f"{bench_models._hub_name(target)}); latencies in ms: "
              f"median of {args.rounds} rounds in which the peers take turns; ratios > 1: stormdrop faster", "",
-             "| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER), *("| " + " | ".join(r) + " |" for r in rows),
+             "| " + " | ".join(header) + " |", "|" + " --- |" * len(header), *("| " + " | ".join(r) + " |" for r in rows),
              "", *bench_models.breakdown(raw)]
     publish(lines, args.out)
     return 0

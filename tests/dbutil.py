@@ -15,7 +15,7 @@ from tvm.target import Target
 
 from stormdrop.records import ErrorKind, MeasureResult, Phase, Record
 from stormdrop.storage.database import Database, candidate_key, canonical_target
-from stormdrop.tvm_compat import trace_json as _tvm_json
+from stormdrop.tvm_compat.trace_json import to_py
 
 TARGET = Target({"kind": "llvm", "num-cores": 2})
 TARGET_KEY = canonical_target(TARGET)
@@ -33,7 +33,7 @@ def matmul_mod(n: int = 128) -> tvm.IRModule:
 
 def args_info_json(mod: tvm.IRModule) -> str:
     infos = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
-    return json.dumps([_tvm_json.to_py(a.as_json()) for a in infos])
+    return json.dumps([to_py(a.as_json()) for a in infos])
 
 
 def make_record(wid: int, mod, trace: str, result: MeasureResult, at: float = 1.0) -> Record:

@@ -121,7 +121,7 @@ def test_a_cuda_kernel_is_tuned_on_the_gpu_and_its_best_computes_the_right_answe
     from stormdrop.storage.database import Database
     from stormdrop.tuning.kernel_tune import tune_kernel
     from stormdrop.tuning.options import KernelOptions
-    from stormdrop.tvm_compat import trace_json as _tvm_json
+    from stormdrop.tvm_compat.trace_json import schedule_from_trace_json
 
     spec = "matmul:M=256,N=256,K=256"
     db = tmp_path / "gpu.db"
@@ -138,7 +138,7 @@ def test_a_cuda_kernel_is_tuned_on_the_gpu_and_its_best_computes_the_right_answe
     assert len(records) == task.trials["storm"] + task.trials["raindrop"]
     # the best schedule, built again here, computes A @ B on the GPU
     target = parse_target(result.target)
-    sch = _tvm_json.schedule_from_trace_json(parse_kernel(spec).mod, task.trace_json)
+    sch = schedule_from_trace_json(parse_kernel(spec).mod, task.trace_json)
     lib = tvm.compile(sch.mod, target=target)
     dev = tvm.cuda(0)
     a, b = (np.random.default_rng(i).standard_normal((256, 256)).astype("float32") for i in (1, 2))

@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 from stormdrop.cli.main import main
 from stormdrop.storage.database import Database
 from stormdrop.storage.metaschedule import export_metaschedule
-from stormdrop.tvm_compat import patches as _tvm
-from stormdrop.tvm_compat import trace_json as _tvm_json
+from stormdrop.tvm_compat.intrinsics import load_tensor_intrinsics
+from stormdrop.tvm_compat.trace_json import check_trace_json, trace_to_json
 
 pytestmark = pytest.mark.slow  # builds, runs or spawns processes
 
@@ -248,14 +248,14 @@ def conv_traces() -> tuple:
     y = topi.nn.relu(topi.nn.conv2d_nhwc(x, w, 1, 1, 1))
     func = te.create_prim_func([x, w, y]).with_attr("layout_free_buffers", [1])
     mod = tvm.IRModule({"main": func})
-    _tvm.load_tensor_intrinsics(TARGET)
+    load_tensor_intrinsics(TARGET)
     ctx = ms.TuneContext(mod, target=TARGET, space_generator="post-order-apply", search_strategy="replay-trace",
                          num_threads=1)
     out = []
     for sch in ctx.generate_design_space():
         sch.enter_postproc()
         if all(p.apply(sch) for p in ctx.space_generator.postprocs):
-            out.append(json.loads(_tvm_json.trace_to_json(sch.trace)))
+            out.append(json.loads(trace_to_json(sch.trace)))
     kinds = {inst[0] for t in out for inst in t[0]}
     assert {"TransformLayout", "SampleCategorical", "Parallel", "Vectorize"} <= kinds, kinds
     return mod, out
@@ -290,7 +290,7 @@ def test_mutated_traces_are_refused_or_replayed_without_a_crash(conv_traces) -> 
     @given(_trace_mutants(traces))
     def case(obj) -> None:
         try:
-            _tvm_json.check_trace_json(obj)
+            check_trace_json(obj)
         except ValueError:
             TALLY["trace refused by check_trace_json"] = TALLY.get("trace refused by check_trace_json", 0) + 1
             return

@@ -1,5 +1,5 @@
 """Crafted module JSON (in an imported MetaSchedule file or a database row) is refused with one
-line; TVM's loader, which would crash the process on it, never sees it (``_tvm_json.check_object_graph``)."""
+line; TVM's loader, which would crash the process on it, never sees it (``check_object_graph``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,12 @@ from dbutil import TARGET, dump, fill, one_record_exported, stormdrop_cli
 
 from stormdrop.cli.main import main
 from stormdrop.storage.database import Database
-from stormdrop.tvm_compat import trace_json as _tvm_json
+from stormdrop.tvm_compat.trace_json import (
+    MAX_GRAPH_DEPTH,
+    check_object_graph,
+    check_trace_json,
+    load_object_json,
+)
 
 
 def _graph(mod) -> dict:
@@ -47,14 +52,14 @@ HOW = ["self", "later", "deep", "nested"]
 
 def test_a_module_graph_as_tvm_writes_it_passes(mod) -> None:
     text = tvm.ir.save_json(mod)
-    assert 0 < _tvm_json.check_object_graph(text) < _tvm_json.MAX_GRAPH_DEPTH
-    assert tvm_ffi.structural_equal(_tvm_json.load_object_json(text), mod)
+    assert 0 < check_object_graph(text) < MAX_GRAPH_DEPTH
+    assert tvm_ffi.structural_equal(load_object_json(text), mod)
 
 
 @pytest.mark.parametrize("how", HOW)
 def test_a_crafted_module_graph_is_refused_before_tvm_sees_it(mod, how) -> None:
     with pytest.raises(ValueError):
-        _tvm_json.check_object_graph(_crafted(_graph(mod), how))
+        check_object_graph(_crafted(_graph(mod), how))
 
 
 @pytest.mark.slow
@@ -238,10 +243,10 @@ def test_a_trace_tvm_would_crash_on_is_refused(where, value) -> None:
     """What TVM's replay crashes on instead of raising (found by test_fuzz's trace test) is refused
     first; the nulls TVM takes (Split's inferred factor, TransformLayout's pad value) pass."""
     trace = json.loads(json.dumps(GOOD_TRACE))
-    _tvm_json.check_trace_json(trace)
+    check_trace_json(trace)
     node = trace
     for k in where[:-1]:
         node = node[k]
     node[where[-1]] = value
     with pytest.raises(ValueError):
-        _tvm_json.check_trace_json(trace)
+        check_trace_json(trace)

@@ -179,10 +179,10 @@ def test_weight_transform_counter_sees_a_transform_on_constants():
 
 def test_weight_prepacks_fold_with_each_function_built_once(monkeypatch):
     # Relax's FoldConstant builds a prepack function again at every call site (MobileBERT: 360
-    # builds, 25 s of its compile); _tvm.fold_weight_prepacks builds each once, same constants
+    # builds, 25 s of its compile); fold_weight_prepacks builds each once, same constants
     from tvm import relax, te
 
-    from stormdrop.tvm_compat import patches as _tvm
+    from stormdrop.tvm_compat.relax_passes import fold_weight_prepacks
 
     w = te.placeholder((4, 3), "float32", name="w")
     pack = te.create_prim_func([w, te.compute((3, 4), lambda i, j: w[j, i] * 2.0, name="packed")])
@@ -203,7 +203,7 @@ def test_weight_prepacks_fold_with_each_function_built_once(monkeypatch):
     builds = []
     compile_ = tvm.compile
     monkeypatch.setattr(tvm, "compile", lambda *a, **k: builds.append(1) or compile_(*a, **k))
-    folded = _tvm.fold_weight_prepacks(mod)
+    folded = fold_weight_prepacks(mod)
     monkeypatch.undo()
     assert len(builds) == 1
     assert "dense_weight_prepack" not in [g.name_hint for g in folded.get_global_vars()]
@@ -240,11 +240,11 @@ def _relax_matmuls(mod) -> int:
 
 @pytest.mark.slow
 def test_combined_qkv_projections_are_one_gemm_and_match_onnxruntime():
-    from stormdrop.tvm_compat import patches as _tvm
+    from stormdrop.tvm_compat.relax_passes import combine_parallel_matmuls
     from stormdrop.workloads import kernel_args
 
     model = _model("bert_base")  # 2 layers, hidden 768
-    merged = _tvm.combine_parallel_matmuls(model.mod)
+    merged = combine_parallel_matmuls(model.mod)
     assert _relax_matmuls(merged) == _relax_matmuls(model.mod) - 2 * 2  # 3 projections -> 1, per layer
 
     def widths(tasks):

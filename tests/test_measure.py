@@ -123,7 +123,7 @@ def test_a_dead_runner_is_restarted(gateway, kernel):
 
 @pytest.mark.slow
 def test_a_runner_grown_past_its_memory_limit_is_restarted_and_still_checks(kernel):
-    # candidate libraries leak memory in TVM (see _tvm): a runner past its limit is replaced
+    # candidate libraries leak memory in TVM (see tvm_compat.runtime): a runner past its limit is replaced
     wrong = _variant(lambda A, B, n: te.compute((n, n), lambda i, j: A[i, j] * B[i, j], name="C"))
     with Gateway(host_target(), MeasureConfig(repeat=2, min_repeat_ms=1, runner_memory_mb=1)) as gw:
         gw.prepare(KEY, kernel.mod)

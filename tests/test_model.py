@@ -206,14 +206,8 @@ def test_trials_is_a_hard_cap(tmp_path):
     assert result.stopped_by == "the trial budget"
 
 
-@pytest.mark.slow
-def test_a_small_trial_cap_tunes_direct_convolutions_and_bench_builds_them(tmp_path):
-    """A 48-channel 3x3 convolution at 28x28 is a Winograd kernel under --winograd auto, but 6
-    trials over the model's tasks are too few to tune one: the tune keeps it direct, notes so,
-    and `bench` (default lowering) compiles the tasks that were tuned, not Winograd ones."""
-    from stormdrop.lowering.pipeline import Lowering
-    from stormdrop.model.bench import bench_model
-
+def conv48(tmp_path) -> str:
+    """A 1x1 then a 48-channel 3x3 convolution at 28x28 (a Winograd kernel under --winograd auto)."""
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array((rng.standard_normal((48, 48, 3, 3)) * 0.05).astype("float32"), "w")
     w1 = numpy_helper.from_array((rng.standard_normal((48, 3, 1, 1)) * 0.3).astype("float32"), "w1")
@@ -227,6 +221,42 @@ def test_a_small_trial_cap_tunes_direct_convolutions_and_bench_builds_them(tmp_p
     model.ir_version = 8
     path = str(tmp_path / "conv48.onnx")
     onnx.save(model, path)
+    return path
+
+
+@pytest.mark.slow
+def test_a_small_trial_cap_keeps_winograd_where_the_hub_holds_its_kernels(tmp_path):
+    """Under the same small cap, a hub holding tuned Winograd kernels of every Winograd task of the
+    model keeps them Winograd (reuse starts from the hub's schedules, no search needed to reach
+    them); without the hub the cap keeps them direct."""
+    from stormdrop.lowering.pipeline import Lowering
+    from stormdrop.search.options import SearchOptions
+    from stormdrop.storage.hub import isa_class, write_hub
+
+    path = conv48(tmp_path)
+    tuned = tune_model(path, ModelOptions(trials=6, seed=0, lowering=Lowering(winograd="4"),
+                                          search=SearchOptions(hub=False)), db=tmp_path / "first.db")
+    assert any("winograd" in t.name for t in tuned.tasks)
+    hub = tmp_path / "hub.jsonl.gz"
+    with Database(tmp_path / "first.db", read_only=True) as db:
+        write_hub(db, hub, isa_class(tuned.target))
+    kept = tune_model(path, ModelOptions(trials=6, seed=0, search=SearchOptions(hub=str(hub))), db=tmp_path / "k.db")
+    assert sorted(t.name for t in kept.tasks) == sorted(t.name for t in tuned.tasks)
+    assert all(t.trials["reuse"] >= 1 for t in kept.tasks)  # each started from the hub's schedule
+    assert kept.max_abs_error is not None and kept.max_abs_error < 1e-3
+    direct = tune_model(path, ModelOptions(trials=6, seed=0, search=SearchOptions(hub=False)), db=tmp_path / "d.db")
+    assert not any("winograd" in t.name for t in direct.tasks)
+
+
+@pytest.mark.slow
+def test_a_small_trial_cap_tunes_direct_convolutions_and_bench_builds_them(tmp_path):
+    """A 48-channel 3x3 convolution at 28x28 is a Winograd kernel under --winograd auto, but 6
+    trials over the model's tasks are too few to tune one: the tune keeps it direct, notes so,
+    and `bench` (default lowering) compiles the tasks that were tuned, not Winograd ones."""
+    from stormdrop.lowering.pipeline import Lowering
+    from stormdrop.model.bench import bench_model
+
+    path = conv48(tmp_path)
     _, lowered = extract_tasks(load_model(path), host_target(), Lowering())
     assert any("winograd" in k.name for k, _ in lowered)  # what a large budget tunes
     result = tune_model(path, ModelOptions(trials=6, seed=0), db=tmp_path / "w.db")

@@ -15,7 +15,7 @@ from stormdrop.errors import DatabaseError
 from stormdrop.records import ErrorKind, Phase
 from stormdrop.storage.database import Database, candidate_key, canonical_target
 from stormdrop.storage.metaschedule import export_metaschedule, import_metaschedule
-from stormdrop.tvm_compat import trace_json as _tvm_json
+from stormdrop.tvm_compat.trace_json import schedule_from_trace_json, trace_to_json
 
 
 def test_export_compile_tir(tmp_path: Path, mod, traces) -> None:
@@ -36,7 +36,7 @@ def test_export_compile_tir(tmp_path: Path, mod, traces) -> None:
     assert [float(x) for x in top[0].run_secs] == list(SECS[1])
     sch = ms.tir_integration.compile_tir(jdb, mod, TARGET)
     assert isinstance(sch, tvm.s_tir.Schedule)
-    assert _tvm_json.trace_to_json(sch.trace) == traces[1]
+    assert trace_to_json(sch.trace) == traces[1]
     ex = tvm.compile(sch.mod, target=TARGET)
     dev = tvm.cpu()
     rng = np.random.default_rng(1)
@@ -75,7 +75,7 @@ def test_import_failure_marker(tmp_path: Path, mod, traces) -> None:
     wl = jdb.commit_workload(mod)
     infos = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     for t, secs in zip(traces[:2], ([1e10], [2**-10]), strict=True):
-        trace = _tvm_json.schedule_from_trace_json(mod, t).trace
+        trace = schedule_from_trace_json(mod, t).trace
         jdb.commit_tuning_record(ms.database.TuningRecord(trace, wl, secs, TARGET, infos))
     with Database(tmp_path / "d.db") as db:
         assert import_metaschedule(db, str(out)) == 2

@@ -14,7 +14,7 @@ from stormdrop.lowering.pipeline import Lowering
 from stormdrop.model.run import apply_records, run_model
 from stormdrop.model.tune import extract_tasks
 from stormdrop.target import parse_target
-from stormdrop.tvm_compat import patches as _tvm
+from stormdrop.tvm_compat.intrinsics import load_tensor_intrinsics
 from stormdrop.workloads.models import Model, load_model
 
 TARGET = parse_target(None)
@@ -33,7 +33,7 @@ def _reduce_model(op: str, shape: tuple[int, ...], axes: list[int], keepdims: bo
 def _tiles(kernel_mod: tvm.IRModule) -> int:
     """Four-level tile decisions in the kernel's design spaces (multi-level tiling's spatial
     axes; without it a reduction gets at most a two-way split, from the rfactor rule)."""
-    _tvm.load_tensor_intrinsics(TARGET)
+    load_tensor_intrinsics(TARGET)
     ctx = ms.TuneContext(kernel_mod, target=TARGET, space_generator="post-order-apply",
                          search_strategy="replay-trace", num_threads=1)
     return sum(inst.kind.name == "SamplePerfectTile" and int(inst.attrs[0]) == 4

@@ -16,7 +16,7 @@ from stormdrop.storage.database import Database
 from stormdrop.target import host_target
 from stormdrop.tuning.kernel_tune import tune_kernel
 from stormdrop.tuning.options import KernelOptions
-from stormdrop.tvm_compat import trace_json as _tvm_json
+from stormdrop.tvm_compat.trace_json import to_py, trace_to_json
 from stormdrop.workloads import kernel_args, parse_kernel
 
 
@@ -50,7 +50,7 @@ def test_transferred_conv_schedule_replays_and_computes_the_right_answer():
     postprocs = ctx.space_generator.postprocs
     moved = 0
     for space in spaces:
-        text = _tvm_json.trace_to_json(space.trace)
+        text = trace_to_json(space.trace)
         sch = transfer(donor.mod, text, target.mod, postprocs)
         if sch is None:
             continue
@@ -157,7 +157,7 @@ def test_a_kernels_class_follows_its_blocks_layout_and_dtype_not_its_shapes():
 
 def _decisions(trace):
     """(instruction kind, decision) of every sampling instruction of a trace, in order."""
-    return [(inst.kind.name, _tvm_json.to_py(trace.decisions[inst])) for inst in trace.insts if inst in trace.decisions]
+    return [(inst.kind.name, to_py(trace.decisions[inst])) for inst in trace.insts if inst in trace.decisions]
 
 
 def test_a_transfer_keeps_every_decision_of_the_donor_nhwc_conv_with_packed_weights():
@@ -168,7 +168,7 @@ def test_a_transfer_keeps_every_decision_of_the_donor_nhwc_conv_with_packed_weig
     postprocs = ctx.space_generator.postprocs
     spaces = ctx.generate_design_space()
     for space in spaces:
-        sch = transfer(donor.mod, _tvm_json.trace_to_json(space.trace), target.mod, postprocs)
+        sch = transfer(donor.mod, trace_to_json(space.trace), target.mod, postprocs)
         assert sch is not None, "a design-space schedule of a like kernel must transfer"
         old, new = _decisions(space.trace), _decisions(sch.trace)
         old = [d for d in old if not d[0].startswith("Enter")]
@@ -224,7 +224,7 @@ def test_a_donor_with_fewer_other_or_more_epilogues_transfers_and_computes_right
     postprocs = make_context(target, host_target(), seed=0).space_generator.postprocs
     spaces = make_context(donor, host_target(), seed=0).generate_design_space()
     for k, space in enumerate(spaces):
-        sch = transfer(donor, _tvm_json.trace_to_json(space.trace), target, postprocs)
+        sch = transfer(donor, trace_to_json(space.trace), target, postprocs)
         assert sch is not None
         rng = np.random.default_rng(k)
         args = [rng.standard_normal(shape).astype(dtype) for _, shape, dtype in kernel_args(target)]

@@ -11,7 +11,7 @@ from test_reuse import _conv_epilogue, _run, _stored_best
 from stormdrop.search.storm import make_context
 from stormdrop.storage.database import Database
 from stormdrop.target import host_target
-from stormdrop.tvm_compat import trace_json as _tvm_json
+from stormdrop.tvm_compat.trace_json import trace_to_json
 from stormdrop.workloads import kernel_args, parse_kernel
 
 
@@ -28,7 +28,7 @@ def test_a_donors_decisions_move_into_every_sketch_and_the_kernels_compute_right
     spaces = ctx.generate_design_space()
     donor_spaces = make_context(donor, host_target(), seed=1).generate_design_space()
     apart = next(s for s in donor_spaces if not any(i.kind.name == "ReverseComputeAt" for i in s.trace.insts))
-    donor_json = _tvm_json.trace_to_json(apart.trace)
+    donor_json = trace_to_json(apart.trace)
     moved = in_sketches(donor, donor_json, target, spaces, ctx.space_generator.postprocs)
     assert len(moved) == len(spaces) >= 2
     assert any(any(i.kind.name == "ReverseComputeAt" for i in s.trace.insts) for s in moved)

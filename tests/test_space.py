@@ -17,7 +17,7 @@ from stormdrop.search.space import (
 )
 from stormdrop.search.storm import make_context
 from stormdrop.target import host_target
-from stormdrop.tvm_compat import trace_json as _tvm_json
+from stormdrop.tvm_compat.trace_json import to_py
 from stormdrop.workloads import parse_kernel
 
 
@@ -72,7 +72,7 @@ def test_every_neighbour_is_a_valid_schedule(spec):
                 assert pos != space.start
                 cand = space.apply(pos)
                 assert cand is not None, f"neighbour {pos} was rejected"
-                back = space.position_of(_tvm_json.to_py(cand.sch.trace.as_json(remove_postproc=True)))
+                back = space.position_of(to_py(cand.sch.trace.as_json(remove_postproc=True)))
                 for coord, want, got in zip(space.coordinates, pos, back):
                     if coord.kind != "location":  # TVM rounds compute locations; tiles must stay exact
                         assert want == got
@@ -82,7 +82,7 @@ def test_applying_the_start_gives_back_the_incumbent():
     space = next(iter(_spaces("matmul:M=64,N=48,K=32")))
     cand = space.apply(space.start)
     assert cand is not None and cand.position == space.start
-    assert space.position_of(_tvm_json.to_py(cand.sch.trace.as_json(remove_postproc=True))) == space.start
+    assert space.position_of(to_py(cand.sch.trace.as_json(remove_postproc=True))) == space.start
 
 
 def test_pooling_blocks_get_the_default_rules_without_a_warning(capfd):

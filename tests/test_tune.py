@@ -20,7 +20,7 @@ from stormdrop.search.storm import Storm
 from stormdrop.storage.database import Database
 from stormdrop.tuning.kernel_tune import tune_kernel
 from stormdrop.tuning.options import KernelOptions
-from stormdrop.tvm_compat import trace_json as _tvm_json
+from stormdrop.tvm_compat.trace_json import schedule_from_trace_json
 from stormdrop.workloads import parse_kernel
 
 
@@ -55,7 +55,7 @@ def test_tiny_kernel_end_to_end_is_verified_and_resumes(tmp_path):
     assert task.latency_s != best.mean and 0.25 < task.latency_s / best.mean < 4
     # The best trace, replayed from the database, computes the right answer.
     kernel = parse_kernel(SPEC)
-    sch = _tvm_json.schedule_from_trace_json(kernel.mod, task.trace_json)
+    sch = schedule_from_trace_json(kernel.mod, task.trace_json)
     ex = tvm.compile(sch.mod, target=tvm.target.Target(json.loads(result.target)))
     a, b = np.random.rand(64, 64).astype("float32"), np.random.rand(64, 64).astype("float32")
     out = tvm.runtime.empty((64, 64), "float32", tvm.cpu())
@@ -194,7 +194,7 @@ def test_run_timeouts_and_crashes_are_retried_once_by_the_next_run(tmp_path, tra
 
     mod = matmul_mod()
     kernel = Kernel("matmul_128", "matmul_128", "matmul", mod, 2 * 128**3)
-    cands = [Candidate.from_schedule(_tvm_json.schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:3]]
+    cands = [Candidate.from_schedule(schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:3]]
     fail = MeasureResult.failure
     with Database(tmp_path / "r.db") as db:
         first = ScriptedGateway([fail(ErrorKind.RUN_TIMEOUT, "no answer"), fail(ErrorKind.RUNNER_CRASH, "died"),
@@ -273,7 +273,7 @@ def test_the_ledger_charges_neither_imported_records_nor_stored_results(tmp_path
 
     mod = matmul_mod()
     kernel = Kernel("matmul_128", "matmul_128", "matmul", mod, 2 * 128**3)
-    cands = [Candidate.from_schedule(_tvm_json.schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:3]]
+    cands = [Candidate.from_schedule(schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:3]]
     with Database(tmp_path / "l.db") as db:
         wid = db.commit_workload(mod, name=kernel.name, op_class="matmul", flops=kernel.flops).workload_id
         db.commit_record(Record(wid, canonical(TARGET), cands[0].key, cands[0].trace_json, "[]",

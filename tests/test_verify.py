@@ -9,7 +9,7 @@ from dbutil import ScriptedGateway
 
 from stormdrop.records import ErrorKind, Phase
 from stormdrop.storage.database import Database
-from stormdrop.tvm_compat import trace_json as _tvm_json
+from stormdrop.tvm_compat.trace_json import schedule_from_trace_json
 
 
 def _ok(secs: float):
@@ -28,7 +28,7 @@ def _stored(db, traces, secs: list[float]):
 
     mod = matmul_mod()
     kernel = Kernel("matmul_128", "matmul_128", "matmul", mod, 2 * 128**3)
-    cands = [Candidate.from_schedule(_tvm_json.schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:len(secs)]]
+    cands = [Candidate.from_schedule(schedule_from_trace_json(mod, t), Phase.STORM) for t in traces[:len(secs)]]
     TaskSession(db, ScriptedGateway([_ok(s) for s in secs]), kernel, TARGET, 0).evaluate(cands)
     return mod, kernel
 

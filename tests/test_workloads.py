@@ -292,7 +292,7 @@ def _assert_spec_error(spec: str, fragments: list[str]) -> None:
 
 
 def test_tensor_intrinsics_of_the_target_cpu_family_only():
-    from stormdrop.tvm_compat.patches import _cpu_family
+    from stormdrop.tvm_compat.intrinsics import _cpu_family
 
     assert _cpu_family(tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu"})) == "x86"
     assert _cpu_family(tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})) == "arm_cpu"

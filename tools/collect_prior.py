@@ -29,7 +29,7 @@ def main() -> int:
         try:
             r = tune_kernel(spec,
                             KernelOptions(trials=args.trials, exploit_trials=args.exploit_trials, seed=100 + i,
-                                          search=SearchOptions(storm=StormConfig(prior=False))),
+                                          search=SearchOptions(storm=StormConfig(prior=False), hub=False)),
                             db=args.db)  # the prior is learnt cold
             t = r.tasks[0]
             print(f"{spec}: {t.latency_s * 1e6:.1f} us {t.trials} {time.monotonic() - t0:.0f} s", flush=True)

@@ -22,7 +22,7 @@ from stormdrop.search import prior
 from stormdrop.search.storm import make_context, new_xgb_model
 from stormdrop.storage.database import Database
 from stormdrop.target import from_canonical
-from stormdrop.tvm_compat import trace_json as _tvm_json
+from stormdrop.tvm_compat.trace_json import schedule_from_trace_json
 
 
 def extract(db: Database) -> list[prior.PriorGroup]:
@@ -37,7 +37,7 @@ def extract(db: Database) -> list[prior.PriorGroup]:
             cands, costs = [], []
             for rec in db.records(entry.workload_id, target_key):
                 try:
-                    sch = _tvm_json.schedule_from_trace_json(entry.mod, rec.trace_json)
+                    sch = schedule_from_trace_json(entry.mod, rec.trace_json)
                 except Exception:  # noqa: BLE001 - a trace that no longer replays is skipped
                     continue
                 args = ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])

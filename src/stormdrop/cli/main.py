@@ -82,7 +82,7 @@ def _search_options(args: argparse.Namespace):
 
     return SearchOptions(phases=parse_phases(args.phases), raindrop=_raindrop_config(args),
                          storm=StormConfig(batch_size=max(1, args.batch_size), prior=args.prior),
-                         reuse=max(0, args.reuse), reuse_from=tuple(args.reuse_from))
+                         reuse=max(0, args.reuse), reuse_from=tuple(args.reuse_from), hub=args.hub)
 
 
 def _raindrop_config(args: argparse.Namespace):
@@ -238,6 +238,31 @@ def _cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_hub(args: argparse.Namespace) -> int:
+    import datetime
+
+    from stormdrop.storage import hub
+    from stormdrop.target import describe, from_canonical, parse_target
+
+    target = parse_target(args.target)
+    path = args.path or hub.hub_path(target)
+    if path is None:
+        isa = hub.isa_class(target)
+        print(f"no schedule hub for {describe(target)} (ISA class {isa or 'unknown'}; STORMDROP_HUB="
+              f"{os.environ.get('STORMDROP_HUB', '')!r}); shipped: "
+              + (", ".join(sorted(p.name for p in hub.SHIPPED_DIR.glob("*" + hub.SUFFIX))) or "none"))
+        return 0
+    if not os.path.isfile(path):
+        raise SpecError(f"no hub file at {path}")
+    got = hub.info(path)
+    built = datetime.datetime.fromtimestamp(got.built_at, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    print(f"hub: {got.path}\nISA class: {got.isa}   TVM: {got.tvm}   built: {built}\n"
+          f"workloads: {got.workloads}   records: {got.records}\n"
+          f"measured on: {'; '.join(describe(from_canonical(m)) for m in got.machines) or '-'}\n"
+          f"classes: {', '.join(got.classes)}")
+    return 0
+
+
 def _cmd_ops(args: argparse.Namespace) -> int:
     from stormdrop.workloads import builtin_operators
 
@@ -248,7 +273,7 @@ def _cmd_ops(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"tune": _cmd_tune, "bench": _cmd_bench, "show": _cmd_show, "report": _cmd_report, "export": _cmd_export, "import": _cmd_import, "ops": _cmd_ops,
-            "zoo": _cmd_zoo}
+            "zoo": _cmd_zoo, "hub": _cmd_hub}
 
 
 class _Terminated(Exception):

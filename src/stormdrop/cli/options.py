@@ -87,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-reuse", dest="reuse", action="store_const", const=0, help="same as --reuse 0")
     t.add_argument("--reuse-from", action="append", default=[], metavar="PATH",
                    help="also draw reuse donors from this database (read only; repeatable)")
+    t.add_argument("--hub", default=True, metavar="PATH",
+                   help="draw reuse donors from this schedule hub file (default: the hub shipped for the target's "
+                        "ISA class, see `stormdrop hub info`; read only)")
+    t.add_argument("--no-hub", dest="hub", action="store_false",
+                   help="no schedule hub (STORMDROP_HUB=off in the environment does the same)")
     t.add_argument("--phases", default="reuse,storm,raindrop",
                    help="which phases run, in this order: 'reuse' = transfer only, 'reuse,raindrop' = transfer, "
                         "then Droplet from the best transfer (default: reuse,storm,raindrop)")
@@ -170,4 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("dir", metavar="DIR")
 
     sub.add_parser("ops", help="list the built-in operators and their parameters")
+
+    h = sub.add_parser("hub", help="the shipped schedule hub (tuned schedules a tune reuses by default)")
+    hsub = h.add_subparsers(dest="hub_command", required=True, parser_class=_Parser)
+    hi = hsub.add_parser("info", help="what the hub for a target holds and where it was measured")
+    hi.add_argument("--target", default=None, help="TVM target (default: host CPU)")
+    hi.add_argument("path", nargs="?", default=None, metavar="PATH", help="a hub file (default: the target's)")
     return p

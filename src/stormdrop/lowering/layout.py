@@ -32,7 +32,7 @@ from tvm import relax, te, topi
 from tvm.target import Target
 
 from stormdrop.target import vector_lanes
-from stormdrop.tvm_compat import patches as _tvm
+from stormdrop.tvm_compat.relax_passes import nonnegative_squeeze_axes
 
 channel_block = vector_lanes  # the channel block of ``blocked`` is the target's fp32 vector width
 
@@ -177,7 +177,7 @@ def convert_layout(mod: tvm.IRModule, target: Target, layout: str) -> tvm.IRModu
     layout = resolve(layout, target)
     if layout == "nchw" or not has_conv2d(mod):
         return mod
-    mod = _tvm.nonnegative_squeeze_axes(mod)
+    mod = nonnegative_squeeze_axes(mod)
     if layout == "nhwc":
         return read_inputs_nchw(fold_permutes(relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(mod)))
     width = channel_block(target)

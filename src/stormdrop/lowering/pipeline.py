@@ -20,7 +20,8 @@ from stormdrop.lowering.layout import legalizations as layout_legalizations
 from stormdrop.lowering.winograd import MIN_TRIALS_PER_TASK
 from stormdrop.lowering.winograd import MODES as WINOGRAD_MODES
 from stormdrop.lowering.winograd import legalization as winograd_legalization
-from stormdrop.tvm_compat import patches as _tvm
+from stormdrop.tvm_compat.intrinsics import load_tensor_intrinsics
+from stormdrop.tvm_compat.relax_passes import combine_parallel_matmuls
 
 
 @dataclass(frozen=True)
@@ -74,14 +75,14 @@ class Lowering:
     def lower(self, mod: tvm.IRModule, target: Target, prepack_weights: bool) -> tvm.IRModule:
         """The model's Relax module, legalized and fused into kernels for ``target``.
         ``prepack_weights``: weights and constants become layout-free buffers of the kernels."""
-        _tvm.load_tensor_intrinsics(target)
+        load_tensor_intrinsics(target)
         cpu = target.kind.name == "llvm"
         with target:
             mod = relax.transform.CanonicalizeBindings()(mod)
             if self.pad_attention and cpu:
                 mod = attention.pad_sequences(mod)
             if self.combine_matmuls:  # Q, K and V projections (matmuls sharing their input) as one GEMM
-                mod = _tvm.combine_parallel_matmuls(mod)
+                mod = combine_parallel_matmuls(mod)
             mod = relax.transform.Normalize()(convert_layout(mod, target, self.layout))
             rules = dict(layout_legalizations())
             if self.fast_math and cpu:

@@ -250,7 +250,7 @@ class _RunnerState:
                 arr = rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
             arrays.append(arr)
         if self.target.kind.name == "cuda":
-            from stormdrop.tvm_compat.patches import gpu_default_schedule
+            from stormdrop.tvm_compat.relax_passes import gpu_default_schedule
 
             mod = gpu_default_schedule(mod, self.target)
         rt_mod = tvm.build(mod, target=self.target)

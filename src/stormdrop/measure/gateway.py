@@ -238,7 +238,7 @@ class Gateway:
 
     def _recycle_if_grown(self, runner: Runner) -> None:
         """Restart a local runner that has grown past its memory limit (candidate libraries leak
-        memory in TVM, see ``_tvm``); its inputs and references are made again on the next run."""
+        memory in TVM, see ``tvm_compat.runtime``); its inputs and references are made again on the next run."""
         proc = runner.worker.proc
         if self.config.rpc is not None or proc is None:
             return

@@ -1,7 +1,7 @@
 """How big a local runner process is, and how big it may grow before the gateway restarts it.
 
 TVM leaks the memory of a candidate library that allocates a large intermediate buffer when the
-library is unloaded (see ``_tvm``'s notes): a runner timing such candidates grows without end.
+library is unloaded (see ``tvm_compat.runtime``' notes): a runner timing such candidates grows without end.
 """
 
 from __future__ import annotations

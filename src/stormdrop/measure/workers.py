@@ -15,14 +15,14 @@ from typing import Any
 
 from stormdrop.errors import MeasureError, one_line
 from stormdrop.measure.tracker import RpcConfig
-from stormdrop.tvm_compat import patches as _tvm
+from stormdrop.tvm_compat.runtime import runtime_threads_env
 
 
 def child_entry(module: str, function: str) -> str:
     """``python -c`` code calling ``stormdrop.MODULE.FUNCTION(sys.argv[1:])`` without the working
     directory on sys.path (``-m`` puts it first: a ``tvm.py`` there would be imported), and with
     ``torch`` unimportable: TVM-FFI imports PyTorch whenever it is installed, which would triple
-    every worker's start-up, and no child process uses it (``tvm_compat/patches.py``)."""
+    every worker's start-up, and no child process uses it (``tvm_compat/runtime.py``)."""
     return (f"import sys; del sys.path[0]; sys.modules.setdefault('torch', None); "
             f"from stormdrop.{module} import {function}; {function}(sys.argv[1:])")
 
@@ -60,8 +60,8 @@ class Worker:
         cmd = [sys.executable, "-c", _ENTRY, str(fd), self.role, self.target_json, rpc_json,
                str(os.getpid())]
         env = child_env()
-        if self.role == "runner":  # timed on the target's cores, not TVM's default half (see _tvm)
-            _tvm.runtime_threads_env(int(json.loads(self.target_json).get("num-cores", 0)), env)
+        if self.role == "runner":  # timed on the target's cores, not TVM's default half (see tvm_compat.runtime)
+            runtime_threads_env(int(json.loads(self.target_json).get("num-cores", 0)), env)
         self.proc = subprocess.Popen(cmd, pass_fds=(fd,), env=env, stdin=subprocess.DEVNULL)
         child.close()
         self.conn = Connection(parent.detach())

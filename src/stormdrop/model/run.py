@@ -23,8 +23,9 @@ from tvm.target import Target
 from stormdrop.measure.timing_lock import timing
 from stormdrop.measure.tracker import RpcConfig
 from stormdrop.model.runtimes import onnxruntime_timer, openvino_timer
-from stormdrop.tvm_compat import patches as _tvm
-from stormdrop.tvm_compat import trace_json as _tvm_json
+from stormdrop.tvm_compat.relax_passes import fold_weight_prepacks
+from stormdrop.tvm_compat.runtime import runtime_threads_env
+from stormdrop.tvm_compat.trace_json import schedule_from_trace_json
 from stormdrop.workloads.models import Model
 
 
@@ -49,7 +50,7 @@ def commit_best(mdb: ms.database.Database, mod: tvm.IRModule, trace_json: str, l
                 target: Target) -> None:
     """Put one tuned schedule of ``mod`` into a MetaSchedule database."""
     wl = mdb.commit_workload(mod)
-    sch = _tvm_json.schedule_from_trace_json(mod, trace_json)
+    sch = schedule_from_trace_json(mod, trace_json)
     mdb.commit_tuning_record(ms.database.TuningRecord(
         sch.trace, wl, [latency_s], target, ms.arg_info.ArgInfo.from_prim_func(mod["main"])))
 
@@ -73,7 +74,7 @@ def apply_records(fused: tvm.IRModule, mdb: Any, target: Target) -> tvm.IRModule
         mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(fused)
         if prepack_weights(target):
             mod = relax.transform.SplitLayoutRewritePreproc()(mod)
-            mod = relax.transform.FoldConstant()(_tvm.fold_weight_prepacks(mod))
+            mod = relax.transform.FoldConstant()(fold_weight_prepacks(mod))
     return mod
 
 
@@ -156,7 +157,7 @@ def _vm(ex: Any, inputs: dict[str, np.ndarray], target: Target, session: Any = N
             ex = session.load_module(os.path.basename(path))
         dev = session.device(kind)
     else:
-        _tvm.runtime_threads_env(num_cores(target))
+        runtime_threads_env(num_cores(target))
         dev = tvm.cuda(0) if kind == "cuda" else tvm.cpu(0)
     return relax.VirtualMachine(ex, dev), dev, [tvm.runtime.tensor(v, dev) for v in inputs.values()]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,15 +33,16 @@ from stormdrop.model.run import (
     random_inputs,
     side_by_side,
 )
+from stormdrop.records import Phase
 from stormdrop.report.display import ModelDisplay, TaskLine, eta_s
 from stormdrop.search.phases import check_samples
 from stormdrop.search.reuse import block_names
-from stormdrop.storage.database import candidate_key
+from stormdrop.storage.database import Database, candidate_key
 from stormdrop.target import canonical, parse_target
 from stormdrop.tuning.budget import Budget, first_batch_size, model_compiles, storm_share
 from stormdrop.tuning.driver import drive, measured, run_databases
 from stormdrop.tuning.task import TaskResult, TaskSession, TaskTuner
-from stormdrop.tvm_compat import patches as _tvm
+from stormdrop.tvm_compat.runtime import export_library
 from stormdrop.workloads import Kernel
 from stormdrop.workloads.models import Model, load_model
 
@@ -103,6 +105,17 @@ def extract_tasks(model: Model, target: Target, lowering: Lowering | None = None
     return fused, out
 
 
+def tuned_in(mod: tvm.IRModule, target_key: str, dbs: Sequence[Database]) -> bool:
+    """Whether one of ``dbs`` (donors: ``--reuse-from``, the hub) holds valid records of this very
+    workload on ``target_key``: reuse then starts its task from them, no search needed to reach them.
+    A tune under a small trial cap keeps Winograd kernels only where they all are (``Lowering.for_budget``)."""
+    for donor in dbs:
+        entry = donor.find_workload(mod)
+        if entry is not None and donor.best(entry.workload_id, target_key):
+            return True
+    return False
+
+
 def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = None, db: Any = None) -> ModelResult:
     """Tune every task of a model as ``options`` say (``ModelOptions``; default: 1000 trials in
     all, 128 per task) on ``target`` (default: the host CPU), storing in ``db`` (a path or an open
@@ -122,15 +135,22 @@ def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = 
     in_model_candidates = 1 if measure.rpc else opts.in_model_candidates  # the VM instrument times kernels here only
     lowering = opts.lowering or Lowering()
     fused, tasks = extract_tasks(model, tgt, lowering)
-    budgeted = lowering.for_budget(trials, len(tasks))
-    if budgeted != lowering and any("winograd" in k.name for k, _ in tasks):
-        log.info("%s: %d trials for %d tasks: every convolution direct (Winograd kernels need more trials)",
-                 model.name, trials, len(tasks))
-        fused, tasks = extract_tasks(model, tgt, budgeted)
-    lowering = budgeted
     display = None
     try:
-        with run_databases(db, search.reuse_from) as (database, donor_dbs):
+        with run_databases(db, search.reuse_from, tgt, search.hub_source) as (database, donor_dbs):
+            budgeted = lowering.for_budget(trials, len(tasks))
+            winograd = [k for k, _ in tasks if "winograd" in k.name]
+            if budgeted != lowering and winograd:
+                if search.reuse > 0 and Phase.REUSE in search.phases and all(
+                        tuned_in(k.mod, canonical(tgt), donor_dbs) for k in winograd):
+                    budgeted = lowering
+                    log.info("%s: %d trials for %d tasks: Winograd kept, every Winograd kernel has tuned schedules "
+                             "among the donors (the schedule hub)", model.name, trials, len(tasks))
+                else:
+                    log.info("%s: %d trials for %d tasks: every convolution direct (Winograd kernels need more "
+                             "trials)", model.name, trials, len(tasks))
+                    fused, tasks = extract_tasks(model, tgt, budgeted)
+            lowering = budgeted
             with Gateway(tgt, measure) as gateway:
                 sessions = [TaskSession(database, gateway, k, tgt, seed) for k, _ in tasks]
                 note = {"target": canonical(tgt), "started_at": time.time(), "winograd": lowering.winograd,
@@ -229,6 +249,6 @@ def _compile_and_verify(result: ModelResult, model: Model, fused: tvm.IRModule, 
     latency, result.max_abs_error = side_by_side(model, ex, inputs, target, rpc=rpc, untuned=untuned)
     result.latency_s.update(latency)
     if output:
-        _tvm.export_library(ex, output)
+        export_library(ex, output)
     return {str(s.entry.workload_id): cands[min(p, len(cands) - 1)].candidate_key
             for s, cands, p in zip(sessions, ranked, choice.picks) if cands}

@@ -46,7 +46,7 @@ from stormdrop.errors import DatabaseError, SpecError, one_line
 from stormdrop.records import Phase
 from stormdrop.search.space import Candidate
 from stormdrop.storage.database import Database, WorkloadEntry
-from stormdrop.tvm_compat import trace_json as _tvm_json
+from stormdrop.tvm_compat.trace_json import schedule_from_trace_json
 
 log = logging.getLogger("stormdrop")
 
@@ -180,7 +180,7 @@ def transfer(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModule, 
     elementwise epilogues inlined first, the donor's extra ones left out of its trace, tiles
     refitted); None when it does not apply."""
     try:
-        donor = _tvm_json.schedule_from_trace_json(donor_mod, donor_trace_json)
+        donor = schedule_from_trace_json(donor_mod, donor_trace_json)
         sch = Schedule(mod)
         unscheduled = Schedule(donor_mod)
         matched = _match_blocks(unscheduled, sch)
@@ -209,6 +209,16 @@ def transfer(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModule, 
         return None
 
 
+def replayed(mod: tvm.IRModule, trace_json: str) -> Schedule | None:
+    """A stored schedule of this very workload (another database's, the hub's), replayed as stored:
+    the same candidate as in its source, postprocessors included; None when it does not replay."""
+    try:
+        return schedule_from_trace_json(mod, trace_json)
+    except Exception as err:  # noqa: BLE001 - a trace that no longer replays is no candidate
+        log.debug("stored schedule does not replay: %s", one_line(err))
+        return None
+
+
 def _decisions(trace: Trace) -> tuple[list[list[int]], list[int]]:
     """A trace's tile sizes and categorical choices, in order."""
     tiles, cats = [], []
@@ -230,7 +240,7 @@ def in_sketches(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModul
     and categorical choice of the sketch are the donor's k-th. Sketches that do not line up, or
     that TVM or a postprocessor rejects, give nothing."""
     try:
-        tiles, cats = _decisions(_tvm_json.schedule_from_trace_json(donor_mod, donor_trace_json).trace)
+        tiles, cats = _decisions(schedule_from_trace_json(donor_mod, donor_trace_json).trace)
     except Exception as err:  # noqa: BLE001 - a donor trace that no longer replays gives nothing
         log.debug("donor trace does not replay: %s", one_line(err))
         return []
@@ -329,7 +339,10 @@ def transfers(db: Database, entry: WorkloadEntry, target_key: str, postprocs: li
         if len(groups) >= limit or (enough and sum(map(len, groups)) >= enough):
             break
         group = []
-        schedules = [transfer(donor.mod, t, entry.mod, postprocs) for t in traces]
+        if donor.shash == entry.shash and tvm_ffi.structural_equal(donor.mod, entry.mod):
+            schedules = [replayed(entry.mod, t) for t in traces]  # this very workload: its schedule as stored
+        else:
+            schedules = [transfer(donor.mod, t, entry.mod, postprocs) for t in traces]
         if spaces and (not sketch_donors or len(groups) < sketch_donors):
             schedules += in_sketches(donor.mod, traces[0], entry.mod, spaces, postprocs)
         for sch in schedules:

@@ -35,7 +35,7 @@ from tvm.s_tir import Schedule, Trace
 
 from stormdrop.records import Phase
 from stormdrop.storage.database import candidate_key
-from stormdrop.tvm_compat import trace_json as _tvm_json
+from stormdrop.tvm_compat.trace_json import to_py, trace_to_json
 
 ANNOTATIONS = ("meta_schedule.parallel", "meta_schedule.vectorize")
 
@@ -56,7 +56,7 @@ class Candidate:
     def from_schedule(cls, sch: Schedule, phase: Phase, args_info: list | None = None) -> Candidate:
         if args_info is None:
             args_info = ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])
-        text = _tvm_json.trace_to_json(sch.trace)
+        text = trace_to_json(sch.trace)
         return cls(sch=sch, phase=phase, args_info=list(args_info), trace_json=text, key=candidate_key(text))
 
     @property
@@ -138,7 +138,7 @@ class DecisionSpace:
 
     def _load(self, trace: Trace) -> tuple:
         num_cores = self.num_cores
-        self.base = _tvm_json.to_py(trace.as_json(remove_postproc=True))
+        self.base = to_py(trace.as_json(remove_postproc=True))
         insts, decisions = self.base
         self.decision_index = {int(i): k for k, (i, _) in enumerate(decisions)}
         coords: list[Coordinate] = []

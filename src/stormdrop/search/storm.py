@@ -27,7 +27,7 @@ from stormdrop.records import MeasureResult, Phase
 from stormdrop.search import prior
 from stormdrop.search.space import Candidate
 from stormdrop.target import physical_cores
-from stormdrop.tvm_compat import patches as _tvm
+from stormdrop.tvm_compat.intrinsics import load_tensor_intrinsics, register_default_pool_rules
 
 log = logging.getLogger("stormdrop")
 
@@ -81,8 +81,8 @@ def make_context(mod: tvm.IRModule, target: Target, *, seed: int, strategy: obje
     MetaSchedule's searches draw with one random state per thread and hand out work to
     threads dynamically, so only ``threads=1`` makes a seed reproduce the same samples.
     """
-    _tvm.load_tensor_intrinsics(target)
-    _tvm.register_default_pool_rules()
+    load_tensor_intrinsics(target)
+    register_default_pool_rules()
     return ms.TuneContext(mod, target=target, space_generator="post-order-apply",
                           search_strategy=strategy, task_name=name, rand_state=seed,
                           num_threads=threads or physical_cores())
@@ -137,7 +137,7 @@ class Storm:
         self.config = cfg = config or StormConfig()
         # On a GPU most random schedules fail MetaSchedule's checks (threads, shared memory): asking
         # for 64 valid ones of 128 ended the storm of a conv on an H100 after 28 of its 64 trials
-        # (RESULTS "Kernels on an NVIDIA H100"); a batch's worth is enough to evolve from
+        # (benchmarks/history/RESULTS-2026-11.md, "Kernels on an NVIDIA H100"); a batch's worth is enough to evolve from
         min_unmeasured = cfg.init_min_unmeasured if target.kind.name != "cuda" else \
             min(cfg.init_min_unmeasured, cfg.batch_size)
         strategy = ms.search_strategy.EvolutionarySearch(

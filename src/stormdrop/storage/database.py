@@ -29,7 +29,7 @@ from stormdrop.records import IMPORTED, ErrorKind, MeasureResult, Phase, Record
 from stormdrop.storage._claims import Claims
 from stormdrop.storage._schema import RECORD_COLS, WORKLOAD_COLS, open_connection, record_from_row
 from stormdrop.target import canonical, from_canonical
-from stormdrop.tvm_compat import trace_json as _tvm_json
+from stormdrop.tvm_compat.trace_json import load_object_json
 
 
 def canonical_target(target: tvm.target.Target | dict | str) -> str:
@@ -173,7 +173,7 @@ class Database(Claims):
         mod = self._mods.get(wid)
         if mod is None:
             try:
-                mod = self._mods[wid] = _tvm_json.load_object_json(mod_json)
+                mod = self._mods[wid] = load_object_json(mod_json)
             except ValueError as e:  # crafted or damaged: TVM would crash on some of it
                 raise DatabaseError(f"database {self.path}: workload {wid} ({str(name)[:60]!r}) is not a module: "
                                     f"{one_line(e)}") from None

@@ -24,8 +24,14 @@ import tvm.s_tir.meta_schedule as ms
 from stormdrop.errors import DatabaseError, one_line
 from stormdrop.records import IMPORTED, ErrorKind, MeasureResult, Phase, Record
 from stormdrop.storage.database import Database, WorkloadEntry, candidate_key, canonical_target
-from stormdrop.tvm_compat import patches as _tvm
-from stormdrop.tvm_compat import trace_json as _tvm_json
+from stormdrop.tvm_compat.intrinsics import load_tensor_intrinsics
+from stormdrop.tvm_compat.trace_json import (
+    check_trace_json,
+    check_workload_json,
+    schedule_from_trace_json,
+    to_py,
+    trace_to_json,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -86,9 +92,9 @@ def export_metaschedule(db: Database, out_dir: str, *, target: str | None = None
                     progress(f"{db.path} record {rec.record_id}")
                 try:  # a stale trace or a damaged row must not stop the export
                     if rec.target not in targets:
-                        _tvm.load_tensor_intrinsics(_target_kind(rec.target))
+                        load_tensor_intrinsics(_target_kind(rec.target))
                         targets[rec.target] = tvm.target.Target(json.loads(rec.target))
-                    trace = _tvm_json.schedule_from_trace_json(wl.mod, rec.trace_json).trace
+                    trace = schedule_from_trace_json(wl.mod, rec.trace_json).trace
                     ms_rec = ms.database.TuningRecord(trace, ms_wl, run_secs=[float(x) for x in rec.result.run_secs],
                                                       target=targets[rec.target],
                                                       args_info=_args_info(rec.args_info_json, wl.mod))
@@ -170,17 +176,17 @@ def read_metaschedule(in_dir: str, progress: Callable[[str], None] | None = None
             where = f"{path_wl} line {lineno}"
             if progress:
                 progress(where)
-            _tvm_json.check_workload_json(obj)
+            check_workload_json(obj)
             workloads.append(ms.database.Workload.from_json(obj))
         for lineno, (_, rec) in rec_lines:
             where = f"{path_rec} line {lineno}"
-            _tvm.load_tensor_intrinsics(str(rec[2]["kind"]))
+            load_tensor_intrinsics(str(rec[2]["kind"]))
         records = []
         for lineno, (index, rec) in rec_lines:
             where = f"{path_rec} line {lineno}"
             if not isinstance(index, int) or not 0 <= index < len(workloads):
                 raise ValueError(f"workload index {index!r} out of range")
-            _tvm_json.check_trace_json(rec[0] if isinstance(rec, list) and rec else None)
+            check_trace_json(rec[0] if isinstance(rec, list) and rec else None)
             _check_run_secs(rec)
             if progress:
                 progress(where)
@@ -218,8 +224,8 @@ def import_records(db: Database, ms_records: list[Any]) -> int:
             logger.warning("skipping a MetaSchedule record without target")
             continue
         mod = rec.workload.mod
-        trace_json = _tvm_json.trace_to_json(rec.trace)
-        secs = [float(x) for x in _tvm_json.to_py(list(rec.run_secs or []))]
+        trace_json = trace_to_json(rec.trace)
+        secs = [float(x) for x in to_py(list(rec.run_secs or []))]
         if secs and all(s < _MS_FAILURE_SECS for s in secs):
             result = MeasureResult(run_secs=tuple(secs))
         else:
@@ -232,7 +238,7 @@ def import_records(db: Database, ms_records: list[Any]) -> int:
             target=canonical_target(rec.target),
             candidate_key=candidate_key(trace_json),
             trace_json=trace_json,
-            args_info_json=json.dumps([_tvm_json.to_py(a.as_json()) for a in infos]),
+            args_info_json=json.dumps([to_py(a.as_json()) for a in infos]),
             result=result,
             phase=Phase.STORM,
             measured_at=now,

@@ -2,8 +2,9 @@
 on, the time a run still needs once its search stops (``finishing_s``, ``next_step_s``), how
 first rounds shrink so that every task is reached before the deadline (``first_round_limit``),
 and how a model's trial cap is shared among its tasks (``first_batch_size``, ``storm_share``)
-and its compiles counted (``model_compiles``). Pure rules: the driver and ``tune_model`` apply
-them; nothing here measures, stores or sleeps."""
+and its compiles counted (``model_compiles``); and the ``Ledger`` a run keeps of what it spent,
+which the driver tells after each step and asks before the next. Rules and accounts: nothing here
+measures, stores or sleeps."""
 
 from __future__ import annotations
 
@@ -98,6 +99,52 @@ def storm_share(trials: int | None, num_tasks: int, trials_per_task: int, first_
     if trials is None or num_tasks <= 0 or trials >= num_tasks * trials_per_task:
         return half
     return min(half, max(first_batch or 1, trials // (2 * num_tasks)))
+
+
+class Ledger:
+    """What a run has spent, as the driver tells it after each step (``tell_step``): trials used
+    against ``budget.trials`` (``used``: those earlier runs measured on these tasks count too), each
+    step's wall seconds, the first rounds' (seconds, candidates), the extensions' first steps. It
+    answers what the budget rules above make of them: whether the budget is spent, the time to keep
+    for the finish, and how many candidates a task's next step may measure."""
+
+    def __init__(self, budget: Budget, sessions: Sequence[TaskSession], used: int = 0) -> None:
+        self.budget, self.sessions, self.used = budget, sessions, used
+        self.steps: list[float] = []  # wall seconds of each step
+        self.extension_steps: list[float] = []  # of each extension's first step
+        self.first_rounds: list[tuple[float, int]] = []  # (seconds, candidates) of the tasks' first rounds
+
+    def finish_s(self, extending: bool = False) -> float:
+        """Wall seconds the run needs once its search stops (``finishing_s``), the next step included."""
+        return finishing_s(self.sessions, next_step_s(self.steps, self.extension_steps, extending),
+                           self.budget.builds_after)
+
+    def spent(self, waiting: int, extending: bool = False) -> str:
+        """Which budget is spent ("" while neither). Until every task has had its first round
+        (``waiting``: tasks yet to have one), only the deadline itself stops the search: a task never
+        reached runs as a naive loop nest, often slower than the rest of the model together (the
+        first rounds shrink instead: ``limit``)."""
+        return self.budget.spent(self.used, self.finish_s(extending) if extending or not waiting else 0.0)
+
+    def limit(self, first: bool, waiting: int) -> int | None:
+        """Candidates the next step may measure (None: no limit): what is left of the trial cap, and
+        for a task's ``first`` round what lets the ``waiting`` ones all fit (``first_round_limit``)."""
+        caps = [] if self.budget.trials is None else [self.budget.trials - self.used]  # a hard cap
+        if first and math.isfinite(self.budget.deadline):
+            left = self.budget.deadline - time.monotonic() - self.finish_s()
+            shrunk = first_round_limit(waiting, self.first_rounds, left)
+            caps += [shrunk] if shrunk else []
+        return min(caps, default=None)
+
+    def tell_step(self, seconds: float, candidates: int, *, first: bool, extending: bool) -> None:
+        """A step took ``seconds`` and measured ``candidates`` (a task's ``first`` round, or an
+        ``extending`` extension's first step)."""
+        self.steps.append(seconds)
+        if extending:
+            self.extension_steps.append(seconds)
+        if first and candidates > 0:
+            self.first_rounds.append((seconds, candidates))
+        self.used += candidates
 
 
 def model_compiles(in_model_candidates: int) -> int:

@@ -15,23 +15,30 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from tvm.target import Target
+
 from stormdrop.search.reuse import open_donors
 from stormdrop.search.storm import StormConfig
 from stormdrop.storage.database import Database, default_db_path
-from stormdrop.tuning.budget import Budget, finishing_s, first_round_limit, next_step_s
+from stormdrop.storage.hub import open_hub
+from stormdrop.tuning.budget import Budget, Ledger
 from stormdrop.tuning.scheduler import GradientScheduler, TaskState
 from stormdrop.tuning.task import TaskSession, TaskTuner
 from stormdrop.tuning.verify import verify_bests
 
 
 @contextlib.contextmanager
-def run_databases(db: Any, reuse_from: Sequence[str]) -> Iterator[tuple[Database, list[Database]]]:
+def run_databases(db: Any, reuse_from: Sequence[str], target: Target | None = None,
+                  hub: bool | str = False) -> Iterator[tuple[Database, list[Database]]]:
     """A run's database (``db``: a path, None for the per-user one, or an open ``Database``, which
-    is left open) and its donor databases (``reuse_from``, read only), closed when the run ends."""
+    is left open) and its donor databases (``reuse_from``, read only, then the schedule hub for
+    ``target``: ``hub`` as ``storage.hub.hub_path`` reads it), closed when the run ends."""
     donors: list[Database] = []
     database = None
     try:
         donors = open_donors(reuse_from)
+        if hub is not False and target is not None and (found := open_hub(target, hub)) is not None:
+            donors.append(found)
         database = Database(db or default_db_path()) if not isinstance(db, Database) else db
         yield database, donors
     finally:
@@ -75,39 +82,19 @@ def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights:
     exhausted: set[int] = set()
     extended: dict[int, int] = {}
     extensions: dict[int, int] = {}  # how many each task had
-    steps: list[float] = []  # wall seconds of each step
-    extension_steps: list[float] = []  # of each extension's first step
-    first_rounds: list[tuple[float, int]] = []  # (seconds, candidates) of the tasks' first rounds
-    cap = budget.trials
+    ledger = Ledger(budget, sessions, used)
 
     def waiting() -> int:  # tasks yet to have their first round
         return sum(t.rounds == 0 and not t.finished for t in states)
 
-    def finish_s(extending: bool = False) -> float:
-        return finishing_s(sessions, next_step_s(steps, extension_steps, extending), budget.builds_after)
-
-    def reserve_s() -> float:
-        # until every task has had its first round, only the deadline itself stops the search: a task
-        # never reached runs as a naive loop nest, often slower than the rest of the model together
-        # (the first rounds shrink instead: first_round_limit)
-        return 0.0 if waiting() else finish_s()
-
-    def limit(i: int) -> int | None:
-        caps = [] if cap is None else [cap - used]  # --trials is a hard cap
-        if states[i].rounds == 0 and math.isfinite(budget.deadline):
-            left = budget.deadline - time.monotonic() - finish_s()
-            shrunk = first_round_limit(waiting(), first_rounds, left)
-            caps += [shrunk] if shrunk else []
-        return min(caps, default=None)
-
-    while not (stopped_by := budget.spent(used, reserve_s())):
+    while not (stopped_by := ledger.spent(waiting())):
         i, extending = sched.next_task(), False
         if i is None and budget.extend:
             # the per-task cap is a default, not a reason to stop with time left: the
             # task with the largest weight x latency gets another storm round + raindrop
             i = most_costly(states, exhausted, extensions)
             if i is not None:
-                if stopped_by := budget.spent(used, finish_s(extending=True)):
+                if stopped_by := ledger.spent(waiting(), extending=True):
                     break
                 extending = True
                 extensions[i] = extensions.get(i, 0) + 1
@@ -124,19 +111,15 @@ def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights:
                 stopped_by = "every task done"
             break
         before, t0, first = measured(sessions[i]), time.monotonic(), states[i].rounds == 0
-        tuners[i].step(limit=limit(i))
-        steps.append(time.monotonic() - t0)
-        if extending:
-            extension_steps.append(steps[-1])
-        if first and measured(sessions[i]) > before:
-            first_rounds.append((steps[-1], measured(sessions[i]) - before))
-        sessions[i].result.tuning_s += steps[-1]  # each task's own share of the wait
-        used += measured(sessions[i]) - before
+        tuners[i].step(limit=ledger.limit(first, waiting()))
+        seconds = time.monotonic() - t0
+        ledger.tell_step(seconds, measured(sessions[i]) - before, first=first, extending=extending)
+        sessions[i].result.tuning_s += seconds  # each task's own share of the wait
         if tuners[i].done and extended.get(i) == measured(sessions[i]):
             exhausted.add(i)  # its extension found nothing new to measure
         sched.tell(i, sessions[i].best, finished=tuners[i].done)
         if on_step is not None:
-            on_step(i, used)
+            on_step(i, ledger.used)
     for tuner, session in zip(tuners, sessions):
         t0 = time.monotonic()
         tuner.finish()

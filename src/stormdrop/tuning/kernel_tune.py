@@ -59,7 +59,7 @@ def tune_kernel(kernel: str | Kernel, options: KernelOptions | None = None, *,
     exploit = exploit if Phase.RAINDROP in search.phases else 0
     bar = _progress_bar(k.name, trials + exploit) if opts.progress else None
     try:
-        with run_databases(db, search.reuse_from) as (database, donor_dbs), \
+        with run_databases(db, search.reuse_from, tgt, search.hub_source) as (database, donor_dbs), \
                 Gateway(tgt, (opts.measure or MeasureConfig()).for_kernels()) as gateway:
             task = TaskSession(database, gateway, k, tgt, opts.seed, progress=bar)
             if bar is not None:

@@ -33,7 +33,7 @@ from stormdrop.search.space import Candidate, DecisionSpace
 from stormdrop.search.storm import Storm
 from stormdrop.storage.database import Database, WorkloadEntry
 from stormdrop.target import canonical, vector_lanes
-from stormdrop.tvm_compat import trace_json as _tvm_json
+from stormdrop.tvm_compat.trace_json import schedule_from_trace_json, to_py
 from stormdrop.workloads import Kernel
 
 log = logging.getLogger("stormdrop")
@@ -182,7 +182,7 @@ class TaskSession:
         return f"{phase.value} best {self.best * 1e6:.1f} us {self.kernel.flops / self.best / 1e9:.1f} GFLOPS{tail}"
 
     def candidate_of(self, record: Record, phase: Phase) -> Candidate:
-        sch = _tvm_json.schedule_from_trace_json(self.kernel.mod, record.trace_json)
+        sch = schedule_from_trace_json(self.kernel.mod, record.trace_json)
         return Candidate.from_schedule(sch, phase)
 
 
@@ -208,7 +208,7 @@ def _finite(x: float) -> float | None:
 def _args_json(c: Candidate) -> str:
     import json
 
-    return json.dumps([_tvm_json.to_py(a.as_json()) for a in c.args_info])
+    return json.dumps([to_py(a.as_json()) for a in c.args_info])
 
 
 class TaskTuner:

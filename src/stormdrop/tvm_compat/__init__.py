@@ -1,2 +1,15 @@
-"""Where stormdrop meets TVM's own interfaces: patches and work-arounds, the trace JSON format,
-NVRTC for CUDA candidates, and the child process that keeps TVM's crashes away."""
+"""Where stormdrop meets TVM's own interfaces, and the one place where it works around rough
+edges of TVM 0.27, each in the module of its topic:
+
+- ``intrinsics``: the tensor intrinsics a target needs, imported cheaply; the pooling schedule
+  rules TVM names but does not define.
+- ``runtime``: the CPU runtime's thread count, ``export_library`` without its per-item noise;
+  notes on PyTorch at TVM-FFI's import and on candidate libraries' leaked memory.
+- ``relax_passes``: the ONNX importer's ``Clip``, ``CombineParallelMatmul`` on inline weights,
+  ``FoldConstant`` on weight prepacks, ``ConvertLayout`` on negative squeeze axes, the GPU default
+  schedule.
+- ``trace_json``: TVM's JSON formats (traces, object graphs), which its decoders crash on
+  instead of raising for some inputs (its notes say which).
+- ``nvrtc``: CUDA sources compiled to cubins on the host (its notes say why).
+- ``isolated``: the child process that keeps TVM's crashes on untrusted files away.
+"""

@@ -84,7 +84,7 @@ def from_onnx_model(model: Any, name: str, *, input_shapes: dict[str, tuple[int,
     from tvm.relax.frontend.onnx import from_onnx
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    from stormdrop.tvm_compat.patches import clip_as_relax_op
+    from stormdrop.tvm_compat.relax_passes import clip_as_relax_op
 
     clip_as_relax_op()  # ReLU6 as Relax ops, so that layouts propagate and it fuses
 

@@ -1,29 +1,5 @@
-"""The one place where stormdrop works around rough edges of TVM 0.27.
+"""Work-arounds of TVM 0.27 in Relax's importer and passes (the index of all: ``tvm_compat``).
 
-- ``import tvm.s_tir.tensor_intrin`` (done by every ``TuneContext`` and by
-  MetaSchedule's builder) imports the intrinsics of every backend; the CUDA ones
-  take half of that import's time. For CPU targets we
-  register only the intrinsics of the target's CPU family, by
-  putting a package object in ``sys.modules`` whose ``__init__`` has not run
-  (``load_tensor_intrinsics``); for CUDA targets only the CUDA ones (half of the whole
-  import), for other GPU kinds the real package. Measurement
-  workers need none: they build and run modules that are already scheduled.
-- TVM-FFI imports PyTorch at its own import whenever PyTorch is installed (a symbol-conflict
-  workaround of its own), which more than triples TVM's import time; stormdrop's child processes
-  (measurement workers, isolated steps) never use PyTorch and start with it made unimportable
-  (``measure.workers.child_entry``).
-- TVM's CPU runtime starts ``hardware_concurrency / 2`` threads on x86 (one on
-  a 2-core machine), whatever the target's ``num-cores`` says; the count is read
-  from ``TVM_NUM_THREADS`` when the thread pool starts (``runtime_threads_env``).
-- ``VMExecutable.export_library`` logs ``Warning: Scope Saving:`` from C++ once per
-  saved item (a few hundred lines for ResNet-18) straight to file descriptor 2:
-  ``export_library`` runs it with those lines filtered out of stderr.
-- Relax's legalized pooling blocks carry ``schedule_rule = "meta_schedule.pool_max"``
-  (and ``pool_avg``, ``adaptive_pool_*``) but TVM registers no rule of that name for
-  CPUs: ``ApplyCustomRule`` logs an "Unknown schedule rule" warning through the user's
-  progress display, removes the annotation and goes on with the default rules.
-  ``register_default_pool_rules`` registers rules that do exactly that, silently (the
-  trace is the same: one ``Unannotate``).
 - The ONNX importer turns ``Clip`` (ReLU6 in MobileNets) into TE ``maximum``/``minimum``
   ``call_tir`` functions rather than Relax ops: ``ConvertLayout`` cannot see through them,
   so every ReLU6 of an NHWC model became its own kernel between two transposes (a large share
@@ -43,17 +19,6 @@
   tuning on them, more than the search's time budget kept for it.
   ``fold_weight_prepacks`` runs every prepack with its function built once (outputs bit for bit
   the same); ``FoldConstant`` then has nothing of them left to fold.
-- A candidate library that allocates a large intermediate buffer (e.g. a packed-weight
-  kernel that re-lays its weights out itself, as the checked function did before
-  ``prepack.split``) leaves that
-  memory behind when the library is unloaded (megabytes per transformer FFN candidate), so a
-  runner process grew without bound and a long BERT tune ran the machine out of
-  memory (every build then timed out). The same library loaded once and called again does
-  not grow. The gateway recycles its runner process when it has grown past a limit
-  (``memory.runner_memory_limit_mb``).
-- TVM's JSON formats (traces, object graphs), which its decoders crash on instead of raising
-  for some inputs: ``_tvm_json`` (its notes say which).
-- CUDA sources compiled to cubins on the host with NVRTC: ``_nvrtc`` (its notes say why).
 - ``relax.transform.ConvertLayout`` dies with ``std::bad_alloc`` on a ``squeeze`` whose axis
   is negative (torchvision's ViT through PyTorch's exporter: ``Squeeze(axes=[-2])`` in its
   attention), wherever it is in the model. ``nonnegative_squeeze_axes`` rewrites those axes
@@ -63,126 +28,10 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
 import math
-import os
-import platform
-import sys
-import types
 from typing import Any
 
 import tvm
-from tvm.s_tir import Schedule
-
-_INTRIN_PKG = "tvm.s_tir.tensor_intrin"
-
-
-_POOL_RULES = ("pool_max", "pool_avg", "adaptive_pool_max", "adaptive_pool_avg")
-
-
-def _unannotate_rule(sch: Schedule, block: Any) -> list[Schedule]:
-    sch.unannotate(block, "schedule_rule")
-    return [sch]
-
-
-@functools.cache
-def register_default_pool_rules() -> None:
-    """Register TVM's own fallback for the pooling rules it names but does not define (once)."""
-    import tvm_ffi
-
-    for name in _POOL_RULES:
-        full = f"s_tir.meta_schedule.cpu.meta_schedule.{name}"
-        if tvm_ffi.get_global_func(full, allow_missing=True) is None:
-            tvm_ffi.register_global_func(full, _unannotate_rule)
-
-
-def load_tensor_intrinsics(target: str | Any) -> None:
-    """Register the tensor intrinsics ``target`` can use, cheaply for CPUs.
-
-    ``target``: a Target (its CPU family's only) or a kind
-    name (``"llvm"``: every CPU family, for traces of unknown origin).
-    """
-    kind = target if isinstance(target, str) else target.kind.name
-    if kind not in ("llvm", "cuda"):
-        import tvm.s_tir.tensor_intrin  # noqa: F401  (all backends)
-
-        # after a CPU target's cheap import, the package in sys.modules is the stub whose
-        # __init__ never ran: a GPU target's intrinsics must still be registered
-        importlib.import_module(f"{_INTRIN_PKG}.cuda")
-        return
-    if kind == "cuda":
-        families: tuple[str, ...] = ("cuda",)
-    else:
-        families = ("x86", "arm_cpu") if isinstance(target, str) else (_cpu_family(target),)
-    if _INTRIN_PKG not in sys.modules:
-        spec = importlib.util.find_spec(_INTRIN_PKG)
-        if spec is None or spec.submodule_search_locations is None:  # pragma: no cover
-            return
-        pkg = types.ModuleType(_INTRIN_PKG)
-        pkg.__path__ = list(spec.submodule_search_locations)
-        pkg.__spec__ = spec
-        pkg.__package__ = _INTRIN_PKG
-        sys.modules[_INTRIN_PKG] = pkg
-    try:
-        for family in families:
-            importlib.import_module(f"{_INTRIN_PKG}.{family}")
-    except Exception:  # pragma: no cover - fall back to the full import
-        for name in [n for n in sys.modules if n == _INTRIN_PKG or n.startswith(_INTRIN_PKG + ".")]:
-            del sys.modules[name]
-        import tvm.s_tir.tensor_intrin  # noqa: F401
-
-
-def _cpu_family(target: Any) -> str:
-    """``arm_cpu`` for ARM LLVM targets (by triple, device or host), else ``x86``."""
-    triple = str(target.attrs.get("mtriple", "") or "")
-    if triple:
-        return "arm_cpu" if triple.startswith(("aarch64", "arm")) else "x86"
-    if str(target.attrs.get("device", "") or "") == "arm_cpu":
-        return "arm_cpu"
-    return "arm_cpu" if platform.machine().lower() in ("aarch64", "arm64") else "x86"
-
-
-def runtime_threads_env(num_cores: int, env: dict | None = None) -> dict:
-    """Set ``TVM_NUM_THREADS`` to ``num_cores`` in ``env`` (default: this process) unless the user set it.
-
-    Must happen before the first parallel kernel of the process runs.
-    """
-    env = os.environ if env is None else env
-    if "TVM_NUM_THREADS" not in env and num_cores > 0:
-        env["TVM_NUM_THREADS"] = str(num_cores)
-    return env
-
-
-_EXPORT_NOISE = "Warning: Scope Saving:"
-
-
-def export_library(executable: Any, path: str) -> None:
-    """``executable.export_library(path)`` without TVM's per-item "Scope Saving" warnings, and
-    whole or not at all: linked beside ``path``, then renamed over it.
-
-    The C++ logger writes to file descriptor 2, out of Python's reach: fd 2 points to a
-    temporary file during the call, and every other line is written back to stderr.
-    """
-    import tempfile
-
-    where, name = os.path.split(os.path.abspath(path))
-    partial = os.path.join(where, f".{name}.{os.getpid()}.partial{os.path.splitext(name)[1]}")
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            executable.export_library(partial)
-            os.replace(partial, path)
-        finally:
-            if os.path.exists(partial):
-                os.unlink(partial)
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            kept = [ln for ln in tmp.read().decode(errors="replace").splitlines(keepends=True)
-                    if _EXPORT_NOISE not in ln]
-            sys.stderr.write("".join(kept))
 
 
 def _scalar_bound(expr: Any) -> float | None:

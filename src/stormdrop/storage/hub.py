@@ -1,0 +1,256 @@
+"""The schedule hub: tuned schedules shipped with stormdrop, one read-only file per ISA class
+(``x86-avx512``, ``x86-avx2``, ``aarch64``, ``cuda-sm_90``...), that a tune draws reuse donors
+from by default, as from a ``--reuse-from`` database (transfer-tuning from earlier models: a
+new user does not start from nothing).
+
+A hub file is gzip-compressed JSON lines: a header object (``stormdrop_hub``: the format
+version, ``isa``, ``tvm``, ``built_at``, ``machines``: the targets its records were measured
+on), then one object a workload (its name, reuse class, FLOPs, structural hash, module as TVM
+JSON, and its best few records: trace, argument info, run seconds, the target measured on).
+
+Contracts:
+- A hub is never written by a tune: it is opened as a temporary read-only donor database whose
+  records are keyed to the run's target (its ISA class matched), marked imported; a transferred
+  schedule is measured here like any other before it counts, and nothing of the hub is stored
+  in the user's database unless measured there.
+- Everything read is checked as an import is: modules (``load_object_json``), traces
+  (``check_trace_json``), run times (finite, at least ``MIN_RUN_SECS``).
+  A malformed hub gives one ``DatabaseError``, never a crash.
+- ``STORMDROP_HUB=off`` in the environment turns the default hub off (as ``--no-hub`` does);
+  ``STORMDROP_HUB=PATH`` names another hub file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import tvm
+from tvm.target import Target
+
+from stormdrop.errors import DatabaseError, one_line
+from stormdrop.records import IMPORTED, MeasureResult, Phase, Record
+from stormdrop.storage.database import Database, candidate_key
+from stormdrop.storage.metaschedule import MIN_RUN_SECS
+from stormdrop.tvm_compat.trace_json import check_trace_json, load_object_json
+
+FORMAT = 1
+SHIPPED_DIR = Path(__file__).with_name("hubs")
+SUFFIX = ".jsonl.gz"
+PER_WORKLOAD = 3  # best records kept a workload: the best may not transfer, the next may
+
+
+def isa_class(target: Target | str) -> str | None:
+    """The ISA class whose hub serves ``target``: ``x86-avx512`` / ``x86-avx2`` (LLVM's CPU
+    features of its ``mcpu``), ``aarch64`` (an aarch64 triple), ``cuda-<arch>``; None for others."""
+    if isinstance(target, str):
+        from stormdrop.target import from_canonical
+
+        target = from_canonical(target)
+    kind = target.kind.name
+    if kind == "cuda":
+        arch = str(target.attrs.get("arch", ""))
+        return f"cuda-{arch}" if arch else None
+    if kind != "llvm":
+        return None
+    triple = str(target.attrs.get("mtriple", "") or "")
+    if triple.startswith(("aarch64", "arm64")):
+        return "aarch64"
+    from tvm.target import codegen
+
+    try:
+        features = set(codegen.llvm_get_cpu_features(target))
+    except Exception:  # noqa: BLE001 - a target LLVM cannot describe has no hub
+        return None
+    if "avx512f" in features:
+        return "x86-avx512"
+    if "avx2" in features:
+        return "x86-avx2"
+    return None
+
+
+def shipped_path(isa: str | None) -> Path | None:
+    """The shipped hub file of an ISA class, if there is one."""
+    if not isa:
+        return None
+    path = SHIPPED_DIR / f"{isa}{SUFFIX}"
+    return path if path.is_file() else None
+
+
+def hub_path(target: Target, hub: bool | str = True) -> Path | None:
+    """The hub a run on ``target`` reads: ``hub`` a path (that file), True (``STORMDROP_HUB``
+    when set: ``off`` or a path; else the shipped hub of the target's ISA class), False (none)."""
+    if hub is False:
+        return None
+    if isinstance(hub, str):
+        return Path(hub)
+    env = os.environ.get("STORMDROP_HUB", "").strip()
+    if env.lower() in ("off", "0", "no", "none"):
+        return None
+    if env:
+        return Path(env)
+    return shipped_path(isa_class(target))
+
+
+@dataclass(frozen=True)
+class HubInfo:
+    """What a hub holds: its header and counts."""
+
+    path: str
+    isa: str
+    tvm: str
+    built_at: float
+    machines: tuple[str, ...]
+    workloads: int
+    records: int
+    classes: tuple[str, ...]
+
+
+def _lines(path: Path) -> Iterable[tuple[int, dict]]:
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except (ValueError, RecursionError) as e:
+                    raise DatabaseError(f"hub {path} line {lineno}: malformed JSON: {one_line(e)}") from None
+                if not isinstance(obj, dict):
+                    raise DatabaseError(f"hub {path} line {lineno}: not an object")
+                yield lineno, obj
+    except (OSError, EOFError, UnicodeDecodeError, gzip.BadGzipFile) as e:
+        raise DatabaseError(f"cannot read hub {path}: {one_line(e)}") from None
+
+
+def _header(path: Path, lines: Iterable[tuple[int, dict]]) -> dict:
+    for _, head in lines:
+        if head.get("stormdrop_hub") != FORMAT or not isinstance(head.get("isa"), str):
+            raise DatabaseError(f"hub {path}: not a stormdrop hub of format {FORMAT}")
+        return head
+    raise DatabaseError(f"hub {path}: empty")
+
+
+def _checked_secs(secs: object) -> tuple[float, ...]:
+    if not (isinstance(secs, list) and secs and all(
+            isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and s >= MIN_RUN_SECS
+            for s in secs)):
+        raise ValueError(f"run times {str(secs)[:60]} are not finite times of at least {MIN_RUN_SECS:g} s")
+    return tuple(float(s) for s in secs)
+
+
+def info(path: str | os.PathLike) -> HubInfo:
+    """The header and counts of the hub file at ``path`` (``DatabaseError`` if it is not one)."""
+    p = Path(path)
+    lines = _lines(p)
+    head = _header(p, lines)
+    workloads = records = 0
+    classes: set[str] = set()
+    for _, wl in lines:
+        workloads += 1
+        records += len(wl.get("records") or [])
+        classes.add(str(wl.get("op_class", "?")))
+    return HubInfo(str(p), head["isa"], str(head.get("tvm", "?")), float(head.get("built_at", 0.0)),
+                   tuple(str(m) for m in head.get("machines", [])), workloads, records, tuple(sorted(classes)))
+
+
+class HubDatabase(Database):
+    """A hub opened as a donor database: a temporary SQLite file (removed at ``close``) holding the
+    hub's workloads and records, the records keyed to ``target_key``; read only once built."""
+
+    def __init__(self, path: str | os.PathLike, target_key: str) -> None:
+        self.source = Path(path)
+        self._dir = tempfile.mkdtemp(prefix="stormdrop-hub-")
+        try:
+            db_path = os.path.join(self._dir, "hub.db")
+            with Database(db_path) as scratch:
+                self._fill(scratch, target_key)
+            super().__init__(db_path, read_only=True)
+        except BaseException:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
+
+    def _fill(self, scratch: Database, target_key: str) -> None:
+        lines = _lines(self.source)
+        head = _header(self.source, lines)
+        versions = f"{IMPORTED}hub {head['isa']} tvm={head.get('tvm', '?')}"
+        with scratch.transaction():
+            for lineno, wl in lines:
+                try:
+                    mod = load_object_json(str(wl["mod"]))  # checked: what would crash TVM is refused
+                    wid = scratch.commit_workload(mod, name=str(wl["name"]), op_class=str(wl["op_class"]),
+                                                  flops=int(wl["flops"])).workload_id
+                    for rec in wl.get("records") or []:
+                        trace = str(rec["trace"])
+                        check_trace_json(json.loads(trace))
+                        scratch.commit_record(Record(
+                            workload_id=wid, target=target_key, candidate_key=candidate_key(trace),
+                            trace_json=trace, args_info_json=str(rec.get("args_info", "[]")),
+                            result=MeasureResult(run_secs=_checked_secs(rec["run_secs"])), phase=Phase.STORM,
+                            measured_at=float(rec.get("measured_at", 0.0)), versions=versions))
+                except (KeyError, TypeError, ValueError, RecursionError) as e:
+                    raise DatabaseError(f"hub {self.source} line {lineno}: malformed: {one_line(e)}") from None
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def open_hub(target: Target, hub: bool | str = True) -> HubDatabase | None:
+    """The hub a run on ``target`` draws donors from (``hub_path``), opened, or None."""
+    path = hub_path(target, hub)
+    if path is None:
+        return None
+    if not path.is_file():
+        raise DatabaseError(f"hub not found: {path}")
+    from stormdrop.target import canonical
+
+    return HubDatabase(path, canonical(target))
+
+
+def write_hub(db: Database, path: str | os.PathLike, isa: str, *, per_workload: int = PER_WORKLOAD) -> HubInfo:
+    """Write the hub of ``isa`` from ``db``: every workload with valid records measured on a target
+    of that ISA class (not imported ones), its ``per_workload`` fastest. Written aside, then moved
+    in place. Returns what was written."""
+    machines: set[str] = set()
+    rows: list[dict] = []
+    for target_key in sorted({t for wl in db.workloads() for t in db.targets(wl.workload_id)}):
+        if isa_class(target_key) != isa:
+            continue
+        for wl in db.workloads():
+            best = [r for r in db.best(wl.workload_id, target_key, k=per_workload, checked=True) if r.ok]
+            if not best:
+                continue
+            machines.add(target_key)
+            rows.append({"name": wl.name, "op_class": wl.op_class, "flops": wl.flops, "shash": wl.shash,
+                         "mod": tvm.ir.save_json(wl.mod), "measured_on": target_key,
+                         "records": [{"trace": r.trace_json, "args_info": r.args_info_json,
+                                      "run_secs": list(r.result.run_secs or ()), "measured_at": r.measured_at}
+                                     for r in best]})
+    merged: dict[str, dict] = {}
+    for row in rows:  # one entry a workload: the machine with the fastest best wins
+        key = row["shash"] + row["mod"]
+        old = merged.get(key)
+        if old is None or min(row["records"][0]["run_secs"]) < min(old["records"][0]["run_secs"]):
+            merged[key] = row
+    head = {"stormdrop_hub": FORMAT, "isa": isa, "tvm": tvm.__version__, "built_at": time.time(),
+            "machines": sorted(machines)}
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
+        f.write(json.dumps(head) + "\n")
+        for row in merged.values():
+            f.write(json.dumps(row) + "\n")
+    os.replace(tmp, out)
+    return info(out)

@@ -1,0 +1,190 @@
+"""The schedule hub (storage.hub): which hub a target reads, a hub written from a database and read
+back as a read-only donor keyed to the run's target, malformed hubs refused with one error, and a
+tune that starts from the hub's schedule of the same workload."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+from dataclasses import replace
+
+import pytest
+from dbutil import SPEC, fill, stormdrop_cli
+from tvm.target import Target
+
+from stormdrop.cli.main import main
+from stormdrop.errors import DatabaseError
+from stormdrop.records import Phase
+from stormdrop.search.options import SearchOptions
+from stormdrop.storage import hub
+from stormdrop.storage.database import Database, canonical_target
+from stormdrop.tuning.kernel_tune import tune_kernel
+from stormdrop.tuning.options import KernelOptions
+
+AVX512 = canonical_target(Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}))
+ZEN4 = canonical_target(Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 8}))
+
+
+def _digest(path) -> str:
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+@pytest.mark.parametrize("target, isa", [
+    ({"kind": "llvm", "mcpu": "skylake-avx512"}, "x86-avx512"),
+    ({"kind": "llvm", "mcpu": "znver4"}, "x86-avx512"),
+    ({"kind": "llvm", "mcpu": "haswell"}, "x86-avx2"),
+    ({"kind": "llvm", "mcpu": "znver2"}, "x86-avx2"),
+    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-v1"}, "aarch64"),
+    ({"kind": "cuda", "arch": "sm_90"}, "cuda-sm_90"),
+    ({"kind": "llvm", "mcpu": "x86-64"}, None),
+    ({"kind": "c"}, None),
+])
+def test_a_targets_isa_class(target, isa):
+    assert hub.isa_class(Target(target)) == isa
+    assert hub.isa_class(canonical_target(Target(target))) == isa
+
+
+def test_which_hub_a_run_reads(tmp_path, monkeypatch):
+    target = Target({"kind": "llvm", "mcpu": "skylake-avx512"})
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    monkeypatch.setattr(hub, "SHIPPED_DIR", shipped)
+    monkeypatch.delenv("STORMDROP_HUB", raising=False)
+    assert hub.hub_path(target) is None  # no hub shipped for the class
+    (shipped / "x86-avx512.jsonl.gz").write_bytes(b"")
+    assert hub.hub_path(target) == shipped / "x86-avx512.jsonl.gz"
+    assert hub.hub_path(Target({"kind": "llvm", "mcpu": "haswell"})) is None
+    assert hub.hub_path(target, False) is None
+    assert str(hub.hub_path(target, "/some/hub.jsonl.gz")) == "/some/hub.jsonl.gz"
+    monkeypatch.setenv("STORMDROP_HUB", "off")
+    assert hub.hub_path(target) is None
+    monkeypatch.setenv("STORMDROP_HUB", "/other.jsonl.gz")
+    assert str(hub.hub_path(target)) == "/other.jsonl.gz"
+    # only a run that reuses opens a hub
+    assert SearchOptions().hub_source is True
+    assert SearchOptions(reuse=0).hub_source is False
+    assert SearchOptions(phases=(Phase.STORM, Phase.RAINDROP)).hub_source is False
+
+
+@pytest.fixture
+def source_db(tmp_path, mod, traces):
+    """A database with one matmul: 3 valid records and a failure, measured on an AVX-512 target."""
+    path = tmp_path / "src.db"
+    with Database(path) as db:
+        wid, stored = fill(db, mod, traces)
+        with db.transaction():  # re-keyed to an AVX-512 machine, and one record of an AVX2 machine
+            db._c().execute("UPDATE records SET target=?", (AVX512,))
+    return path, wid, stored
+
+
+def test_a_hub_is_written_from_a_database_and_read_back_as_a_donor_of_the_runs_target(tmp_path, source_db, capsys):
+    path, wid, stored = source_db
+    out = tmp_path / "hub" / "x86-avx512.jsonl.gz"
+    with Database(path, read_only=True) as db:
+        got = hub.write_hub(db, out, "x86-avx512", per_workload=2)
+    assert (got.isa, got.workloads, got.records, got.machines) == ("x86-avx512", 1, 2, (AVX512,))
+    with Database(path, read_only=True) as db:  # nothing for another ISA class
+        assert hub.write_hub(db, tmp_path / "avx2.jsonl.gz", "x86-avx2").workloads == 0
+    before = _digest(out)
+    donor = hub.HubDatabase(out, ZEN4)
+    try:
+        (entry,) = donor.workloads()
+        assert entry.op_class == "matmul"
+        best = donor.best(entry.workload_id, ZEN4, k=5)
+        valid = sorted((r for r in stored if r.ok), key=lambda r: r.result.mean)
+        assert [r.trace_json for r in best] == [r.trace_json for r in valid[:2]]  # the 2 fastest, in order
+        assert all(r.imported for r in best)  # never trusted as stored: re-measured where used
+        assert donor.best(entry.workload_id, AVX512) == []  # keyed to the run's target only
+        assert donor.read_only
+        scratch = donor._dir
+    finally:
+        donor.close()
+    assert not os.path.exists(scratch)
+    assert _digest(out) == before
+    assert main(["hub", "info", str(out)]) == 0  # what it holds and where it was measured
+    shown = capsys.readouterr().out
+    assert "x86-avx512" in shown and "workloads: 1   records: 2" in shown and "skylake-avx512" in shown
+
+
+def _hub_lines(path) -> list[dict]:
+    with gzip.open(path, "rt") as f:
+        return [json.loads(line) for line in f]
+
+
+def _write_lines(path, lines: list[dict]) -> None:
+    with gzip.open(path, "wt") as f:
+        f.write("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def _spoil(lines, what):
+    head, wl = lines
+    rec = wl["records"][0]
+    if what == "format":
+        head = {**head, "stormdrop_hub": 99}
+    elif what == "time":
+        rec["run_secs"] = [-1.0]
+    elif what == "trace":
+        rec["trace"] = json.dumps([[["SamplePerfectTile", [None], [4, 64], [None, 1]]], []])
+    elif what == "module":
+        wl["mod"] = '{"root": 1, "nodes": [{"type_key": "IRModule", "data": [1]}, "x"]}'
+    elif what == "missing":
+        del wl["records"][0]["run_secs"]
+    return [head, wl]
+
+
+@pytest.mark.parametrize("what", ["format", "time", "trace", "module", "missing", "not gzip"])
+def test_a_malformed_hub_is_one_error_and_leaves_nothing(tmp_path, source_db, what):
+    path, _, _ = source_db
+    good = tmp_path / "good.jsonl.gz"
+    with Database(path, read_only=True) as db:
+        hub.write_hub(db, good, "x86-avx512")
+    bad = tmp_path / "bad.jsonl.gz"
+    if what == "not gzip":
+        bad.write_text("{}\n")
+    else:
+        _write_lines(bad, _spoil(_hub_lines(good), what))
+    with pytest.raises(DatabaseError, match="hub"):
+        hub.HubDatabase(bad, ZEN4).close()
+
+
+def test_the_cli_refuses_a_bad_hub_in_one_line_before_the_database_is_touched(tmp_path):
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_text("not a hub")
+    db = tmp_path / "never.db"
+    proc = stormdrop_cli("tune", "--kernel", SPEC, "--trials", "2", "--db", str(db), "--hub", str(bad))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "hub" in proc.stderr
+    assert not db.exists()
+    info = stormdrop_cli("hub", "info", str(bad))
+    assert info.returncode == 2 and info.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.slow
+def test_a_tune_starts_from_the_hubs_schedule_of_the_same_workload(tmp_path):
+    """An exact hit: the hub's best schedule of this kernel is replayed and measured first (reuse),
+    here; nothing of the hub is stored unmeasured, and the hub file is not written."""
+    first = tmp_path / "first.db"
+    options = KernelOptions(trials=6, exploit_trials=0, seed=0, search=SearchOptions(hub=False))
+    tune_kernel(SPEC, options, db=first)
+    out = tmp_path / "h.jsonl.gz"
+    with Database(first, read_only=True) as db:
+        isa = hub.isa_class(db.targets(db.workloads()[0].workload_id)[0])
+        assert isa is not None, "the host's ISA class is needed for this test"
+        got = hub.write_hub(db, out, isa, per_workload=1)
+    assert got.workloads == 1 and got.records == 1
+    before = _digest(out)
+    fresh = tmp_path / "fresh.db"
+    with_hub = tune_kernel(SPEC, replace(options, search=SearchOptions(hub=str(out))), db=fresh).tasks[0]
+    assert with_hub.trials["reuse"] >= 1
+    hub_trace = _hub_lines(out)[1]["records"][0]["trace"]
+    with Database(first, read_only=True) as db:
+        hub_key = next(r.candidate_key for r in db.records(db.workloads()[0].workload_id) if r.trace_json == hub_trace)
+    with Database(fresh, read_only=True) as db:
+        recs = db.records(db.workloads()[0].workload_id)
+    assert not any(r.imported for r in recs)  # only what was measured here is stored
+    assert hub_key in {r.candidate_key for r in recs if r.phase == Phase.REUSE}  # the same schedule, re-measured
+    without = tune_kernel(SPEC, options, db=tmp_path / "none.db").tasks[0]
+    assert without.trials["reuse"] == 0
+    assert _digest(out) == before

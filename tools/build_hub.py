@@ -1,0 +1,77 @@
+"""Build the schedule hub of this machine's ISA class: tune each network of a set into one build
+database (in the order given, so that each reuses the schedules of those before it), then write
+the best few records of every workload as the hub file that ships with the package.
+
+    python tools/build_hub.py --db hub-build.db --networks resnet18@56,mobilenet_v2,resnet18 \\
+        --time-budget 600
+    python tools/build_hub.py --db hub-build.db --write-only   # the hub from what is stored
+
+Resumable: the build database is stormdrop's own (a killed build loses nothing; running it again
+tunes each network for its time budget once more, from where it stood). The hub is written to
+``src/stormdrop/storage/hubs/<isa>.jsonl.gz`` unless ``--out`` says otherwise; check it with
+``stormdrop hub info``. Networks are zoo names with an optional ``@RESOLUTION`` (image models) or
+ONNX paths, and ``+direct`` for the lowering a small trial cap gives (every convolution direct). Run nothing else that measures meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from stormdrop import tune_model
+from stormdrop.lowering.pipeline import Lowering
+from stormdrop.model.options import ModelOptions
+from stormdrop.search.options import SearchOptions
+from stormdrop.storage.database import Database
+from stormdrop.storage.hub import SHIPPED_DIR, SUFFIX, isa_class, write_hub
+from stormdrop.target import describe, host_target
+from stormdrop.workloads.models import load_model
+
+
+def network(spec: str):
+    """``NAME[@RESOLUTION][+direct]``: a zoo model (or ONNX path) at that input size; ``+direct``:
+    lowered with every convolution direct, as a tune under a small trial cap lowers it
+    (``Lowering.for_budget``), so that such a tune finds its own kernels in the hub too."""
+    base, _, variant = spec.partition("+")
+    name, _, res = base.partition("@")
+    lowering = Lowering(winograd="off") if variant == "direct" else None
+    if variant not in ("", "direct"):
+        raise SystemExit(f"build_hub: unknown variant {variant!r} in {spec!r} (+direct)")
+    return load_model(name, resolution=int(res) if res else None), lowering
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--db", required=True, help="the build database (resumable)")
+    p.add_argument("--networks", default="resnet18@56,mobilenet_v2,resnet18")
+    p.add_argument("--time-budget", type=float, default=600.0, help="seconds of tuning a network")
+    p.add_argument("--write-only", action="store_true", help="write the hub from the database, tune nothing")
+    p.add_argument("--out", default=None, help="the hub file (default: the shipped one of this ISA class)")
+    args = p.parse_args(argv)
+    target = host_target()
+    isa = isa_class(target)
+    if isa is None:
+        print(f"build_hub: no ISA class for {describe(target)}", file=sys.stderr)
+        return 2
+    if not args.write_only:
+        for spec in filter(None, (s.strip() for s in args.networks.split(","))):
+            t0 = time.monotonic()
+            # the hub is built from this machine's own measurements: no hub as a donor
+            model, lowering = network(spec)
+            options = ModelOptions(trials=None, time_budget=args.time_budget, search=SearchOptions(hub=False),
+                                   lowering=lowering)
+            result = tune_model(model, options, target=target, db=args.db)
+            tuned = result.latency_s.get("tuned")
+            shown = f"{tuned * 1e3:.3f} ms" if tuned else "not timed"
+            print(f"{spec}: {shown} tuned, {time.monotonic() - t0:.0f} s", flush=True)
+    out = args.out or str(SHIPPED_DIR / f"{isa}{SUFFIX}")
+    with Database(args.db, read_only=True) as db:
+        got = write_hub(db, out, isa)
+    print(f"wrote {out}: {got.workloads} workloads, {got.records} records, measured on "
+          f"{', '.join(got.machines)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
