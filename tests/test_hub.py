@@ -164,7 +164,8 @@ def test_the_cli_refuses_a_bad_hub_in_one_line_before_the_database_is_touched(tm
 @pytest.mark.slow
 def test_a_tune_starts_from_the_hubs_schedule_of_the_same_workload(tmp_path):
     """An exact hit: the hub's best schedule of this kernel is replayed and measured first (reuse),
-    here; nothing of the hub is stored unmeasured, and the hub file is not written."""
+    here; nothing of the hub is stored unmeasured, and the hub file is not written. A related
+    workload gets nothing from the hub."""
     first = tmp_path / "first.db"
     options = KernelOptions(trials=6, exploit_trials=0, seed=0, search=SearchOptions(hub=False))
     tune_kernel(SPEC, options, db=first)
@@ -187,4 +188,8 @@ def test_a_tune_starts_from_the_hubs_schedule_of_the_same_workload(tmp_path):
     assert hub_key in {r.candidate_key for r in recs if r.phase == Phase.REUSE}  # the same schedule, re-measured
     without = tune_kernel(SPEC, options, db=tmp_path / "none.db").tasks[0]
     assert without.trials["reuse"] == 0
+    # a related workload (another matmul shape) draws nothing from the hub: exact workloads only
+    other = tune_kernel("matmul:M=48,N=80,K=64", replace(options, search=SearchOptions(hub=str(out))),
+                        db=tmp_path / "other.db").tasks[0]
+    assert other.trials["reuse"] == 0
     assert _digest(out) == before

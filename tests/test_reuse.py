@@ -115,7 +115,8 @@ def test_reuse_phase_measures_transfers_from_a_same_class_kernel(tmp_path):
                         KernelOptions(trials=8, exploit_trials=0, seed=0,
                                       search=SearchOptions(storm=StormConfig(transfer_sketches=False), reuse_from=[db])),
                         db=tmp_path / "alone.db").tasks[0]
-    assert alone.trials["reuse"] == 2 and alone.trials["storm"] == 6
+    # (the same workload's stored best and the other matmul's transferred best can be one schedule: measured once)
+    assert alone.trials["reuse"] in (1, 2) and alone.trials["reuse"] + alone.trials["storm"] == 8
     # A kernel of another class gets nothing to reuse.
     other = tune_kernel("dense:M=16,N=16,K=16", KernelOptions(trials=4, exploit_trials=0, seed=0), db=db).tasks[0]
     assert other.trials["reuse"] == 0

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,8 +35,8 @@ from stormdrop.model.run import (
 from stormdrop.records import Phase
 from stormdrop.report.display import ModelDisplay, TaskLine, eta_s
 from stormdrop.search.phases import check_samples
-from stormdrop.search.reuse import block_names
-from stormdrop.storage.database import Database, candidate_key
+from stormdrop.search.reuse import block_names, tuned_in
+from stormdrop.storage.database import candidate_key
 from stormdrop.target import canonical, parse_target
 from stormdrop.tuning.budget import Budget, first_batch_size, model_compiles, storm_share
 from stormdrop.tuning.driver import drive, measured, run_databases
@@ -103,17 +102,6 @@ def extract_tasks(model: Model, target: Target, lowering: Lowering | None = None
         out.append((Kernel(t.task_name, f"{model.name}:{t.task_name}", op_class(mod, t.task_name), mod, flops),
                     int(t.weight)))
     return fused, out
-
-
-def tuned_in(mod: tvm.IRModule, target_key: str, dbs: Sequence[Database]) -> bool:
-    """Whether one of ``dbs`` (donors: ``--reuse-from``, the hub) holds valid records of this very
-    workload on ``target_key``: reuse then starts its task from them, no search needed to reach them.
-    A tune under a small trial cap keeps Winograd kernels only where they all are (``Lowering.for_budget``)."""
-    for donor in dbs:
-        entry = donor.find_workload(mod)
-        if entry is not None and donor.best(entry.workload_id, target_key):
-            return True
-    return False
 
 
 def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = None, db: Any = None) -> ModelResult:

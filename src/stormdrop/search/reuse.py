@@ -282,7 +282,8 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int | Non
     schedule before a projection + bias's), the relation breaking ties.
 
     ``others``: more databases to draw donors from (``--reuse-from``, read only); there the same
-    workload counts too (tuned for another model, say), and comes first.
+    workload counts too (tuned for another model, say), and comes first. A source whose
+    ``exact_only`` is true (the schedule hub) gives the same workload only.
     """
     out = []
     for source in (db, *others):
@@ -291,7 +292,7 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int | Non
             if rank is None:
                 continue
             same = other.shash == entry.shash and tvm_ffi.structural_equal(other.mod, entry.mod)
-            if same and source is db:
+            if (same and source is db) or (not same and getattr(source, "exact_only", False)):
                 continue
             best = source.best(other.workload_id, target_key, k=per_donor)
             if best:
@@ -373,6 +374,18 @@ def chosen_transfers(groups: list[list[Candidate]], budget: int,
     scores = rank(rest)
     ranked = sorted(range(len(rest)), key=lambda i: -scores[i])
     return [groups[0][0], *(rest[i] for i in ranked)][:min(budget, len(groups))]
+
+
+def tuned_in(mod: tvm.IRModule, target_key: str, dbs: Sequence[Database]) -> bool:
+    """Whether one of ``dbs`` (donors: ``--reuse-from``, the hub) holds valid records of this very
+    workload on ``target_key``: reuse then starts its task from them, no search needed to reach them
+    (a tune under a small trial cap keeps Winograd kernels only where they all are; reuse may take
+    more than half of a small storm only for them)."""
+    for donor in dbs:
+        entry = donor.find_workload(mod)
+        if entry is not None and donor.best(entry.workload_id, target_key):
+            return True
+    return False
 
 
 def open_donors(paths: Sequence[str | os.PathLike]) -> list[Database]:

@@ -1,7 +1,7 @@
 """The schedule hub: tuned schedules shipped with stormdrop, one read-only file per ISA class
 (``x86-avx512``, ``x86-avx2``, ``aarch64``, ``cuda-sm_90``...), that a tune draws reuse donors
-from by default, as from a ``--reuse-from`` database (transfer-tuning from earlier models: a
-new user does not start from nothing).
+from by default, as from a ``--reuse-from`` database, for the workloads it holds (the kernels of
+the networks it was built from: a new user of those does not start from nothing).
 
 A hub file is gzip-compressed JSON lines: a header object (``stormdrop_hub``: the format
 version, ``isa``, ``tvm``, ``built_at``, ``machines``: the targets its records were measured
@@ -164,7 +164,14 @@ def info(path: str | os.PathLike) -> HubInfo:
 
 class HubDatabase(Database):
     """A hub opened as a donor database: a temporary SQLite file (removed at ``close``) holding the
-    hub's workloads and records, the records keyed to ``target_key``; read only once built."""
+    hub's workloads and records, the records keyed to ``target_key``; read only once built.
+
+    ``exact_only``: reuse draws from a hub only the workloads it holds exactly (the same kernel of a
+    network it was built from), not related ones: schedules transferred from the hub's shapes to
+    other shapes were measured to start small-budget searches worse than the model's own donors
+    on some networks (benchmarks/RESULTS.md, "Schedule hub")."""
+
+    exact_only = True
 
     def __init__(self, path: str | os.PathLike, target_key: str) -> None:
         self.source = Path(path)
