@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tvm
 import tvm.s_tir.meta_schedule as ms
 import tvm_ffi
 from dbutil import SECS, TARGET, TARGET_KEY, args_info_json, fill, make_record, matmul_mod
@@ -350,3 +351,27 @@ def test_a_forked_process_is_an_owner_of_its_own() -> None:
     child = os.read(read, 200).decode()
     os.waitpid(pid, 0)
     assert me == owner() and child != me and child.split(":")[1] == str(pid)
+
+
+def test_equal_kernels_whose_blocks_are_named_apart_are_two_workloads(tmp_path: Path) -> None:
+    """Structural equality leaves block names out, but a stored trace finds its blocks by name (a
+    global mean over ``lv235`` in one model and ``lv397`` in another): such kernels are two
+    workloads, so neither is handed records that do not replay on it."""
+    from tvm import te
+
+    def mean(name: str) -> tvm.IRModule:
+        a = te.placeholder((1, 7, 7, 64), name=name)
+        r, s = te.reduce_axis((0, 7), "r"), te.reduce_axis((0, 7), "s")
+        red = te.compute((1, 64), lambda n, c: te.sum(a[n, r, s, c], axis=[r, s]), name=f"{name}_red")
+        out = te.compute((1, 64), lambda n, c: red[n, c] / 49.0, name="T_divide")
+        return tvm.IRModule({"main": te.create_prim_func([a, out])})
+
+    one, other = mean("lv235"), mean("lv397")
+    assert tvm_ffi.structural_equal(one, other)  # equal as far as TVM's equality goes
+    with Database(tmp_path / "n.db") as db:
+        first = db.commit_workload(one, name="mean_a", op_class="mean", flops=1)
+        assert db.find_workload(other) is None
+        second = db.commit_workload(other, name="mean_b", op_class="mean", flops=1)
+        assert second.workload_id != first.workload_id
+        assert db.find_workload(one).workload_id == first.workload_id
+        assert db.find_workload(mean("lv235")).workload_id == first.workload_id

@@ -228,7 +228,7 @@ def conv48(tmp_path) -> str:
 def test_a_small_trial_cap_keeps_winograd_where_the_hub_holds_its_kernels(tmp_path):
     """Under the same small cap, a hub holding tuned Winograd kernels of every Winograd task of the
     model keeps them Winograd (reuse starts from the hub's schedules, no search needed to reach
-    them); without the hub the cap keeps them direct."""
+    them)."""
     from stormdrop.lowering.pipeline import Lowering
     from stormdrop.search.options import SearchOptions
     from stormdrop.storage.hub import isa_class, write_hub
@@ -244,8 +244,7 @@ def test_a_small_trial_cap_keeps_winograd_where_the_hub_holds_its_kernels(tmp_pa
     assert sorted(t.name for t in kept.tasks) == sorted(t.name for t in tuned.tasks)
     assert all(t.trials["reuse"] >= 1 for t in kept.tasks)  # each started from the hub's schedule
     assert kept.max_abs_error is not None and kept.max_abs_error < 1e-3
-    direct = tune_model(path, ModelOptions(trials=6, seed=0, search=SearchOptions(hub=False)), db=tmp_path / "d.db")
-    assert not any("winograd" in t.name for t in direct.tasks)
+    # without the hub the same cap keeps them direct: test_a_small_trial_cap_tunes_direct_convolutions...
 
 
 @pytest.mark.slow

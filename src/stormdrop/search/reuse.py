@@ -341,7 +341,8 @@ def transfers(db: Database, entry: WorkloadEntry, target_key: str, postprocs: li
             break
         group = []
         if donor.shash == entry.shash and tvm_ffi.structural_equal(donor.mod, entry.mod):
-            schedules = [replayed(entry.mod, t) for t in traces]  # this very workload: its schedule as stored
+            # this very workload: its schedule as stored (or, its blocks named apart, transferred)
+            schedules = [replayed(entry.mod, t) or transfer(donor.mod, t, entry.mod, postprocs) for t in traces]
         else:
             schedules = [transfer(donor.mod, t, entry.mod, postprocs) for t in traces]
         if spaces and (not sketch_donors or len(groups) < sketch_donors):

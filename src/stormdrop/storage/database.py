@@ -23,6 +23,7 @@ from typing import Any
 import tvm
 import tvm.s_tir.meta_schedule as ms
 import tvm_ffi
+from tvm.s_tir import Schedule
 
 from stormdrop.errors import DatabaseError, one_line
 from stormdrop.records import IMPORTED, ErrorKind, MeasureResult, Phase, Record
@@ -180,7 +181,7 @@ class Database(Claims):
         return WorkloadEntry(wid, name, op_class, int(flops), shash, mod)
 
     def find_workload(self, mod: tvm.IRModule) -> WorkloadEntry | None:
-        """The stored workload structurally equal to ``mod``, or None."""
+        """The stored workload structurally equal to ``mod`` with the same block names, or None."""
         mod = _as_module(mod)
         shash = ms.utils.shash2hex(mod)
         rows = self._query(
@@ -188,7 +189,7 @@ class Database(Claims):
         )
         for row in rows:
             entry = self._entry(row)
-            if tvm_ffi.structural_equal(entry.mod, mod):
+            if tvm_ffi.structural_equal(entry.mod, mod) and block_names(entry.mod) == block_names(mod):
                 return entry
         return None
 
@@ -377,6 +378,15 @@ class Database(Claims):
         if not all(isinstance(n, dict) for n in notes.values()):
             raise DatabaseError(f"database {self.path}: a model note is malformed (not a JSON object)")
         return notes
+
+
+def block_names(mod: tvm.IRModule) -> tuple[str, ...]:
+    """The names of the blocks under ``mod``'s root block, in order. Structural equality leaves names
+    out, but a trace finds its blocks by name: two equal kernels whose blocks are named apart (a
+    global mean over ``lv235`` in one model, over ``lv397`` in another) cannot replay each other's
+    records, so they are two workloads (reuse transfers between them, renaming the blocks)."""
+    sch = Schedule(mod)
+    return tuple(sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root")))
 
 
 def _as_module(mod: Any) -> tvm.IRModule:
