@@ -74,8 +74,10 @@ def source_db(tmp_path, mod, traces):
     path = tmp_path / "src.db"
     with Database(path) as db:
         wid, stored = fill(db, mod, traces)
-        with db.transaction():  # re-keyed to an AVX-512 machine, and one record of an AVX2 machine
+        with db.transaction():  # re-keyed to an AVX-512 machine
             db._c().execute("UPDATE records SET target=?", (AVX512,))
+        db.note_model("net512", {"target": AVX512})
+        db.note_model("net2", {"target": canonical_target(Target({"kind": "llvm", "mcpu": "haswell"}))})
     return path, wid, stored
 
 
@@ -84,7 +86,8 @@ def test_a_hub_is_written_from_a_database_and_read_back_as_a_donor_of_the_runs_t
     out = tmp_path / "hub" / "x86-avx512.jsonl.gz"
     with Database(path, read_only=True) as db:
         got = hub.write_hub(db, out, "x86-avx512", per_workload=2)
-    assert (got.isa, got.workloads, got.records, got.machines) == ("x86-avx512", 1, 2, (AVX512,))
+    assert (got.isa, got.workloads, got.records, got.machines, got.models) == ("x86-avx512", 1, 2, (AVX512,),
+                                                                               ("net512",))
     with Database(path, read_only=True) as db:  # nothing for another ISA class
         assert hub.write_hub(db, tmp_path / "avx2.jsonl.gz", "x86-avx2").workloads == 0
     before = _digest(out)
@@ -106,6 +109,7 @@ def test_a_hub_is_written_from_a_database_and_read_back_as_a_donor_of_the_runs_t
     assert main(["hub", "info", str(out)]) == 0  # what it holds and where it was measured
     shown = capsys.readouterr().out
     assert "x86-avx512" in shown and "workloads: 1   records: 2" in shown and "skylake-avx512" in shown
+    assert "models: net512" in shown
 
 
 def _hub_lines(path) -> list[dict]:

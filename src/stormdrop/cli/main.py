@@ -259,6 +259,7 @@ def _cmd_hub(args: argparse.Namespace) -> int:
     print(f"hub: {got.path}\nISA class: {got.isa}   TVM: {got.tvm}   built: {built}\n"
           f"workloads: {got.workloads}   records: {got.records}\n"
           f"measured on: {'; '.join(describe(from_canonical(m)) for m in got.machines) or '-'}\n"
+          f"models: {', '.join(got.models) or '-'}\n"
           f"classes: {', '.join(got.classes)}")
     return 0
 

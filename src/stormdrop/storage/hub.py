@@ -5,7 +5,7 @@ the networks it was built from: a new user of those does not start from nothing)
 
 A hub file is gzip-compressed JSON lines: a header object (``stormdrop_hub``: the format
 version, ``isa``, ``tvm``, ``built_at``, ``machines``: the targets its records were measured
-on), then one object a workload (its name, reuse class, FLOPs, structural hash, module as TVM
+on, ``models``: the models tuned into the database it was written from), then one object a workload (its name, reuse class, FLOPs, structural hash, module as TVM
 JSON, and its best few records: trace, argument info, run seconds, the target measured on).
 
 Contracts:
@@ -109,6 +109,7 @@ class HubInfo:
     tvm: str
     built_at: float
     machines: tuple[str, ...]
+    models: tuple[str, ...]
     workloads: int
     records: int
     classes: tuple[str, ...]
@@ -159,7 +160,8 @@ def info(path: str | os.PathLike) -> HubInfo:
         records += len(wl.get("records") or [])
         classes.add(str(wl.get("op_class", "?")))
     return HubInfo(str(p), head["isa"], str(head.get("tvm", "?")), float(head.get("built_at", 0.0)),
-                   tuple(str(m) for m in head.get("machines", [])), workloads, records, tuple(sorted(classes)))
+                   tuple(str(m) for m in head.get("machines", [])), tuple(str(m) for m in head.get("models", [])),
+                   workloads, records, tuple(sorted(classes)))
 
 
 class HubDatabase(Database):
@@ -250,8 +252,10 @@ def write_hub(db: Database, path: str | os.PathLike, isa: str, *, per_workload: 
         old = merged.get(key)
         if old is None or min(row["records"][0]["run_secs"]) < min(old["records"][0]["run_secs"]):
             merged[key] = row
+    models = sorted(name for name, note in db.model_notes().items()
+                    if isinstance(note.get("target"), str) and isa_class(note["target"]) == isa)
     head = {"stormdrop_hub": FORMAT, "isa": isa, "tvm": tvm.__version__, "built_at": time.time(),
-            "machines": sorted(machines)}
+            "machines": sorted(machines), "models": models}
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
