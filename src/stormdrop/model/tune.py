@@ -35,8 +35,8 @@ from stormdrop.model.run import (
 from stormdrop.records import Phase
 from stormdrop.report.display import ModelDisplay, TaskLine, eta_s
 from stormdrop.search.phases import check_samples
-from stormdrop.search.reuse import block_names, tuned_in
-from stormdrop.storage.database import candidate_key
+from stormdrop.storage.database import block_names, candidate_key
+from stormdrop.storage.donors import tuned_in
 from stormdrop.target import canonical, parse_target
 from stormdrop.tuning.budget import Budget, first_batch_size, model_compiles, storm_share
 from stormdrop.tuning.driver import drive, measured, run_databases

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -42,10 +41,10 @@ import tvm_ffi
 from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import Instruction, Trace
 
-from stormdrop.errors import DatabaseError, SpecError, one_line
+from stormdrop.errors import one_line
 from stormdrop.records import Phase
 from stormdrop.search.space import Candidate
-from stormdrop.storage.database import Database, WorkloadEntry
+from stormdrop.storage.database import Database, WorkloadEntry, block_names
 from stormdrop.tvm_compat.trace_json import schedule_from_trace_json
 
 log = logging.getLogger("stormdrop")
@@ -108,11 +107,6 @@ def related(donor_class: str, op_class: str) -> int | None:
     return None
 
 
-def block_names(sch: Schedule) -> list[str]:
-    """The names of the blocks under the root block, in order."""
-    return [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
-
-
 def _renamed(trace: Trace, names: dict[str, str], dropped: Sequence[str] = ()) -> Trace:
     """``trace`` with its block lookups renamed (``names``: donor block -> this workload's) and
     the blocks in ``dropped`` left out: their lookups and every instruction that uses what those
@@ -148,7 +142,7 @@ def _match_blocks(donor: Schedule, sch: Schedule) -> tuple[dict[str, str], list[
     back; this workload's blocks left over (each an elementwise epilogue, to inline first); and
     the donor's left over (each an inner elementwise epilogue, to leave out of its trace). None
     when a donor block has no counterpart."""
-    free, theirs = block_names(sch), block_names(donor)
+    free, theirs = list(block_names(sch)), list(block_names(donor))
     names, unmatched = {}, []
     if _EPILOGUE.match(block_kind(theirs[-1])) and _EPILOGUE.match(block_kind(free[-1])):
         names[theirs.pop()] = free.pop()
@@ -375,28 +369,3 @@ def chosen_transfers(groups: list[list[Candidate]], budget: int,
     scores = rank(rest)
     ranked = sorted(range(len(rest)), key=lambda i: -scores[i])
     return [groups[0][0], *(rest[i] for i in ranked)][:min(budget, len(groups))]
-
-
-def tuned_in(mod: tvm.IRModule, target_key: str, dbs: Sequence[Database]) -> bool:
-    """Whether one of ``dbs`` (donors: ``--reuse-from``, the hub) holds valid records of this very
-    workload on ``target_key``: reuse then starts its task from them, no search needed to reach them
-    (a tune under a small trial cap keeps Winograd kernels only where they all are; reuse may take
-    more than half of a small storm only for them)."""
-    for donor in dbs:
-        entry = donor.find_workload(mod)
-        if entry is not None and donor.best(entry.workload_id, target_key):
-            return True
-    return False
-
-
-def open_donors(paths: Sequence[str | os.PathLike]) -> list[Database]:
-    """The ``--reuse-from`` databases, read only (SpecError naming the first that cannot be opened)."""
-    out: list[Database] = []
-    try:
-        for p in paths:
-            out.append(Database(p, read_only=True))
-    except DatabaseError as err:
-        for d in out:
-            d.close()
-        raise SpecError(f"--reuse-from: {err}") from None
-    return out

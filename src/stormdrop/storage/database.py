@@ -380,12 +380,13 @@ class Database(Claims):
         return notes
 
 
-def block_names(mod: tvm.IRModule) -> tuple[str, ...]:
-    """The names of the blocks under ``mod``'s root block, in order. Structural equality leaves names
+def block_names(mod: tvm.IRModule | Schedule) -> tuple[str, ...]:
+    """The names of the blocks under the root block of ``mod`` (a module or a schedule of one), in
+    order (``lv224_red``). Structural equality leaves names
     out, but a trace finds its blocks by name: two equal kernels whose blocks are named apart (a
     global mean over ``lv235`` in one model, over ``lv397`` in another) cannot replay each other's
     records, so they are two workloads (reuse transfers between them, renaming the blocks)."""
-    sch = Schedule(mod)
+    sch = mod if isinstance(mod, Schedule) else Schedule(mod)
     return tuple(sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root")))
 
 

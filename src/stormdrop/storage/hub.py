@@ -14,7 +14,7 @@ Contracts:
   schedule is measured here like any other before it counts, and nothing of the hub is stored
   in the user's database unless measured there.
 - Everything read is checked as an import is: modules (``load_object_json``), traces
-  (``check_trace_json``), run times (finite, at least ``MIN_RUN_SECS``).
+  (``check_trace_json``), run times (``checked_run_secs``, as an import's).
   A malformed hub gives one ``DatabaseError``, never a crash.
 - ``STORMDROP_HUB=off`` in the environment turns the default hub off (as ``--no-hub`` does);
   ``STORMDROP_HUB=PATH`` names another hub file.
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -39,7 +38,7 @@ from tvm.target import Target
 from stormdrop.errors import DatabaseError, one_line
 from stormdrop.records import IMPORTED, MeasureResult, Phase, Record
 from stormdrop.storage.database import Database, candidate_key
-from stormdrop.storage.metaschedule import MIN_RUN_SECS
+from stormdrop.storage.metaschedule import checked_run_secs
 from stormdrop.tvm_compat.trace_json import check_trace_json, load_object_json
 
 FORMAT = 1
@@ -140,14 +139,6 @@ def _header(path: Path, lines: Iterable[tuple[int, dict]]) -> dict:
     raise DatabaseError(f"hub {path}: empty")
 
 
-def _checked_secs(secs: object) -> tuple[float, ...]:
-    if not (isinstance(secs, list) and secs and all(
-            isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and s >= MIN_RUN_SECS
-            for s in secs)):
-        raise ValueError(f"run times {str(secs)[:60]} are not finite times of at least {MIN_RUN_SECS:g} s")
-    return tuple(float(s) for s in secs)
-
-
 def info(path: str | os.PathLike) -> HubInfo:
     """The header and counts of the hub file at ``path`` (``DatabaseError`` if it is not one)."""
     p = Path(path)
@@ -203,7 +194,7 @@ class HubDatabase(Database):
                         scratch.commit_record(Record(
                             workload_id=wid, target=target_key, candidate_key=candidate_key(trace),
                             trace_json=trace, args_info_json=str(rec.get("args_info", "[]")),
-                            result=MeasureResult(run_secs=_checked_secs(rec["run_secs"])), phase=Phase.STORM,
+                            result=MeasureResult(run_secs=checked_run_secs(rec["run_secs"])), phase=Phase.STORM,
                             measured_at=float(rec.get("measured_at", 0.0)), versions=versions))
                 except (KeyError, TypeError, ValueError, RecursionError) as e:
                     raise DatabaseError(f"hub {self.source} line {lineno}: malformed: {one_line(e)}") from None

@@ -139,18 +139,23 @@ def _read_json_lines(path: Path) -> list[tuple[int, Any]]:
 MIN_RUN_SECS = 1e-9  # no kernel runs in less than a nanosecond: a smaller time is not a measurement
 
 
+def checked_run_secs(secs: Any) -> tuple[float, ...]:
+    """``secs`` as run times (``ValueError`` unless a non-empty list of finite numbers of at least
+    ``MIN_RUN_SECS``): what an imported file or a hub may say a kernel took."""
+    if not (isinstance(secs, list) and secs and all(
+            isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and s >= MIN_RUN_SECS
+            for s in secs)):
+        raise ValueError(f"run times {str(secs)[:60]} are not finite times of at least {MIN_RUN_SECS:g} s")
+    return tuple(float(s) for s in secs)
+
+
 def _check_run_secs(rec: Any) -> None:
     """``ValueError`` unless the record ``[trace, run_secs, ...]`` has a non-empty trace and finite
     run times of at least ``MIN_RUN_SECS`` (MetaSchedule's failure marker, 1e9 s and up, included)."""
     if not (isinstance(rec, list) and len(rec) >= 2 and rec[0][0]):
         raise ValueError("an empty trace")
-    secs = rec[1]
-    if secs is None:
-        return
-    if not (isinstance(secs, list) and secs and all(
-            isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and s >= MIN_RUN_SECS
-            for s in secs)):
-        raise ValueError(f"run times {str(secs)[:60]} are not finite times of at least {MIN_RUN_SECS:g} s")
+    if rec[1] is not None:
+        checked_run_secs(rec[1])
 
 
 def read_metaschedule(in_dir: str, progress: Callable[[str], None] | None = None) -> list[Any]:

@@ -17,9 +17,9 @@ from typing import Any
 
 from tvm.target import Target
 
-from stormdrop.search.reuse import open_donors
 from stormdrop.search.storm import StormConfig
 from stormdrop.storage.database import Database, default_db_path
+from stormdrop.storage.donors import open_donors
 from stormdrop.storage.hub import open_hub
 from stormdrop.tuning.budget import Budget, Ledger
 from stormdrop.tuning.scheduler import GradientScheduler, TaskState
