@@ -7,11 +7,12 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import logging
 import os
 from dataclasses import replace
 
 import pytest
-from dbutil import SPEC, fill, stormdrop_cli
+from dbutil import SPEC, fill, matmul_mod, stormdrop_cli
 from tvm.target import Target
 
 from stormdrop.cli.main import main
@@ -90,17 +91,22 @@ def test_a_hub_is_written_from_a_database_and_read_back_as_a_donor_of_the_runs_t
                                                                                ("net512",))
     with Database(path, read_only=True) as db:  # nothing for another ISA class
         assert hub.write_hub(db, tmp_path / "avx2.jsonl.gz", "x86-avx2").workloads == 0
+    with Database(path, read_only=True) as db, Database(path, read_only=True) as again:  # from several: once each
+        twice = hub.write_hub([db, again], tmp_path / "twice.jsonl.gz", "x86-avx512", per_workload=2)
+    assert (twice.workloads, twice.records, twice.models) == (1, 2, ("net512",))
     before = _digest(out)
     donor = hub.HubDatabase(out, ZEN4)
     try:
+        assert donor.find_workload(matmul_mod(64)) is None  # not held: nothing decoded for it
+        assert donor._pending  # decoded only when asked for
         (entry,) = donor.workloads()
+        assert donor.find_workload(entry.mod) == entry
         assert entry.op_class == "matmul"
         best = donor.best(entry.workload_id, ZEN4, k=5)
         valid = sorted((r for r in stored if r.ok), key=lambda r: r.result.mean)
         assert [r.trace_json for r in best] == [r.trace_json for r in valid[:2]]  # the 2 fastest, in order
         assert all(r.imported for r in best)  # never trusted as stored: re-measured where used
         assert donor.best(entry.workload_id, AVX512) == []  # keyed to the run's target only
-        assert donor.read_only
         scratch = donor._dir
     finally:
         donor.close()
@@ -135,10 +141,12 @@ def _spoil(lines, what):
         wl["mod"] = '{"root": 1, "nodes": [{"type_key": "IRModule", "data": [1]}, "x"]}'
     elif what == "missing":
         del wl["records"][0]["run_secs"]
+    elif what == "type":
+        wl["shash"] = 7
     return [head, wl]
 
 
-@pytest.mark.parametrize("what", ["format", "time", "trace", "module", "missing", "not gzip"])
+@pytest.mark.parametrize("what", ["format", "time", "missing", "not gzip", "type"])
 def test_a_malformed_hub_is_one_error_and_leaves_nothing(tmp_path, source_db, what):
     path, _, _ = source_db
     good = tmp_path / "good.jsonl.gz"
@@ -151,6 +159,25 @@ def test_a_malformed_hub_is_one_error_and_leaves_nothing(tmp_path, source_db, wh
         _write_lines(bad, _spoil(_hub_lines(good), what))
     with pytest.raises(DatabaseError, match="hub"):
         hub.HubDatabase(bad, ZEN4).close()
+
+
+@pytest.mark.parametrize("what", ["trace", "module"])
+def test_a_hub_workload_that_fails_its_check_when_decoded_is_left_out(tmp_path, source_db, what, caplog, monkeypatch):
+    """Modules and traces are checked when a run asks for their workload (decoding all of them would
+    cost every run seconds): a workload with a damaged one is left out with a warning, not the run."""
+    path, _, _ = source_db
+    good = tmp_path / "good.jsonl.gz"
+    with Database(path, read_only=True) as db:
+        hub.write_hub(db, good, "x86-avx512")
+    bad = tmp_path / "bad.jsonl.gz"
+    _write_lines(bad, _spoil(_hub_lines(good), what))
+    with Database(path, read_only=True) as db:
+        mod = db.workloads()[0].mod
+    monkeypatch.setattr(logging.getLogger("stormdrop"), "propagate", True)  # a CLI test may have turned it off
+    monkeypatch.setattr(logging.getLogger("stormdrop"), "handlers", [])
+    with hub.HubDatabase(bad, ZEN4) as donor:
+        assert donor.find_workload(mod) is None and donor.workloads() == []
+    assert "left out, malformed" in caplog.text
 
 
 def test_the_cli_refuses_a_bad_hub_in_one_line_before_the_database_is_touched(tmp_path):

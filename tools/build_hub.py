@@ -5,6 +5,7 @@ the best few records of every workload as the hub file that ships with the packa
     python tools/build_hub.py --db hub-build.db --networks resnet18@56,mobilenet_v2,resnet18 \\
         --time-budget 600
     python tools/build_hub.py --db hub-build.db --write-only   # the hub from what is stored
+    python tools/build_hub.py --db hub-build.db --write-only --also keep/convnext_tiny.db  # and another's
 
 Resumable: the build database is stormdrop's own (a killed build loses nothing; running it again
 tunes each network for its time budget once more, from where it stood). The hub is written to
@@ -48,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time-budget", type=float, default=600.0, help="seconds of tuning a network")
     p.add_argument("--write-only", action="store_true", help="write the hub from the database, tune nothing")
     p.add_argument("--out", default=None, help="the hub file (default: the shipped one of this ISA class)")
+    p.add_argument("--also", action="append", default=[], metavar="DB",
+                   help="another stormdrop database whose records of this ISA class go into the hub too (e.g. "
+                        "a benchmark's --keep-db databases); repeatable")
     args = p.parse_args(argv)
     target = host_target()
     isa = isa_class(target)
@@ -66,8 +70,12 @@ def main(argv: list[str] | None = None) -> int:
             shown = f"{tuned * 1e3:.3f} ms" if tuned else "not timed"
             print(f"{spec}: {shown} tuned, {time.monotonic() - t0:.0f} s", flush=True)
     out = args.out or str(SHIPPED_DIR / f"{isa}{SUFFIX}")
-    with Database(args.db, read_only=True) as db:
-        got = write_hub(db, out, isa)
+    dbs = [Database(path, read_only=True) for path in [args.db, *args.also]]
+    try:
+        got = write_hub(dbs, out, isa)
+    finally:
+        for db in dbs:
+            db.close()
     print(f"wrote {out}: {got.workloads} workloads, {got.records} records, measured on "
           f"{', '.join(got.machines)}")
     return 0

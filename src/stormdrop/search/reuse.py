@@ -281,12 +281,15 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int | Non
     """
     out = []
     for source in (db, *others):
-        for other in source.workloads():
+        exact_only = source.exact_only  # looked up, not listed: a hub decodes what is asked
+        found = source.find_workload(entry.mod) if exact_only else None
+        candidates = ([found] if found is not None else []) if exact_only else source.workloads()
+        for other in candidates:
             rank = related(other.op_class, entry.op_class)
             if rank is None:
                 continue
             same = other.shash == entry.shash and tvm_ffi.structural_equal(other.mod, entry.mod)
-            if (same and source is db) or (not same and getattr(source, "exact_only", False)):
+            if (same and source is db) or (not same and exact_only):
                 continue
             best = source.best(other.workload_id, target_key, k=per_donor)
             if best:

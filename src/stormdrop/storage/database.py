@@ -74,7 +74,10 @@ class WorkloadEntry:
 
 
 class Database(Claims):
-    """A stormdrop SQLite database (created with its schema if the file is new)."""
+    """A stormdrop SQLite database (created with its schema if the file is new): a ``RecordStore``
+    (``storage.store``), or read only a ``RecordSource``."""
+
+    exact_only = False  # as a donor, related workloads count too (reuse lists them)
 
     def __init__(self, path: str | os.PathLike, *, read_only: bool = False) -> None:
         self.path: str = os.fspath(path)
@@ -182,7 +185,7 @@ class Database(Claims):
 
     def find_workload(self, mod: tvm.IRModule) -> WorkloadEntry | None:
         """The stored workload structurally equal to ``mod`` with the same block names, or None."""
-        mod = _as_module(mod)
+        mod = as_module(mod)
         shash = ms.utils.shash2hex(mod)
         rows = self._query(
             f"SELECT {WORKLOAD_COLS} FROM workloads WHERE shash=? ORDER BY workload_id", (shash,)
@@ -197,7 +200,7 @@ class Database(Claims):
         self, mod: tvm.IRModule, *, name: str, op_class: str, flops: int
     ) -> WorkloadEntry:
         """Store ``mod`` (idempotent: a structurally equal module returns the stored entry)."""
-        mod = _as_module(mod)
+        mod = as_module(mod)
         with self.transaction():
             found = self.find_workload(mod)
             if found is not None:
@@ -390,7 +393,8 @@ def block_names(mod: tvm.IRModule | Schedule) -> tuple[str, ...]:
     return tuple(sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root")))
 
 
-def _as_module(mod: Any) -> tvm.IRModule:
+def as_module(mod: Any) -> tvm.IRModule:
+    """``mod`` as an IRModule (a PrimFunc becomes its ``main``); TypeError for anything else."""
     if isinstance(mod, tvm.IRModule):
         return mod
     if isinstance(mod, tvm.tirx.PrimFunc):

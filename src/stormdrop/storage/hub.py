@@ -13,9 +13,10 @@ Contracts:
   records are keyed to the run's target (its ISA class matched), marked imported; a transferred
   schedule is measured here like any other before it counts, and nothing of the hub is stored
   in the user's database unless measured there.
-- Everything read is checked as an import is: modules (``load_object_json``), traces
-  (``check_trace_json``), run times (``checked_run_secs``, as an import's).
-  A malformed hub gives one ``DatabaseError``, never a crash.
+- Everything read is checked as an import is, never a crash: lines, fields and run times
+  (``checked_run_secs``) when the hub is opened (a malformed one: one ``DatabaseError``);
+  modules (``load_object_json``) and traces (``check_trace_json``) when a run looks their
+  workload up (``HubDatabase``: a workload failing that is left out, with a warning).
 - ``STORMDROP_HUB=off`` in the environment turns the default hub off (as ``--no-hub`` does);
   ``STORMDROP_HUB=PATH`` names another hub file.
 """
@@ -24,22 +25,26 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import tvm
+import tvm.s_tir.meta_schedule as ms
 from tvm.target import Target
 
 from stormdrop.errors import DatabaseError, one_line
 from stormdrop.records import IMPORTED, MeasureResult, Phase, Record
-from stormdrop.storage.database import Database, candidate_key
+from stormdrop.storage.database import Database, WorkloadEntry, as_module, candidate_key
 from stormdrop.storage.metaschedule import checked_run_secs
 from stormdrop.tvm_compat.trace_json import check_trace_json, load_object_json
+
+log = logging.getLogger(__name__)
 
 FORMAT = 1
 SHIPPED_DIR = Path(__file__).with_name("hubs")
@@ -156,8 +161,13 @@ def info(path: str | os.PathLike) -> HubInfo:
 
 
 class HubDatabase(Database):
-    """A hub opened as a donor database: a temporary SQLite file (removed at ``close``) holding the
-    hub's workloads and records, the records keyed to ``target_key``; read only once built.
+    """A hub opened as a donor database, lazily: opening reads and checks the hub's lines (JSON,
+    fields, run times: a malformed line is one ``DatabaseError`` then), and a workload's module
+    and traces are decoded, checked and put in a temporary SQLite file (removed at ``close``)
+    only when ``find_workload`` asks for its structural hash (or ``workloads`` for all): a run
+    pays for the workloads it has, not for the whole hub. The records are keyed to
+    ``target_key`` and marked imported. A workload whose module or trace fails its check when
+    decoded is left out, with a warning (a damaged line costs its donor, not the run).
 
     ``exact_only``: reuse draws from a hub only the workloads it holds exactly (the same kernel of a
     network it was built from), not related ones: schedules transferred from the hub's shapes to
@@ -168,36 +178,69 @@ class HubDatabase(Database):
 
     def __init__(self, path: str | os.PathLike, target_key: str) -> None:
         self.source = Path(path)
+        self._target_key = target_key
+        self._pending: dict[str, list[tuple[int, dict]]] = {}  # structural hash -> lines not decoded yet
         self._dir = tempfile.mkdtemp(prefix="stormdrop-hub-")
         try:
-            db_path = os.path.join(self._dir, "hub.db")
-            with Database(db_path) as scratch:
-                self._fill(scratch, target_key)
-            super().__init__(db_path, read_only=True)
+            self._index()
+            super().__init__(os.path.join(self._dir, "hub.db"))
         except BaseException:
             shutil.rmtree(self._dir, ignore_errors=True)
             raise
 
-    def _fill(self, scratch: Database, target_key: str) -> None:
+    def _index(self) -> None:
         lines = _lines(self.source)
         head = _header(self.source, lines)
-        versions = f"{IMPORTED}hub {head['isa']} tvm={head.get('tvm', '?')}"
-        with scratch.transaction():
-            for lineno, wl in lines:
-                try:
-                    mod = load_object_json(str(wl["mod"]))  # checked: what would crash TVM is refused
-                    wid = scratch.commit_workload(mod, name=str(wl["name"]), op_class=str(wl["op_class"]),
-                                                  flops=int(wl["flops"])).workload_id
-                    for rec in wl.get("records") or []:
-                        trace = str(rec["trace"])
-                        check_trace_json(json.loads(trace))
-                        scratch.commit_record(Record(
-                            workload_id=wid, target=target_key, candidate_key=candidate_key(trace),
-                            trace_json=trace, args_info_json=str(rec.get("args_info", "[]")),
-                            result=MeasureResult(run_secs=checked_run_secs(rec["run_secs"])), phase=Phase.STORM,
-                            measured_at=float(rec.get("measured_at", 0.0)), versions=versions))
-                except (KeyError, TypeError, ValueError, RecursionError) as e:
-                    raise DatabaseError(f"hub {self.source} line {lineno}: malformed: {one_line(e)}") from None
+        self._versions = f"{IMPORTED}hub {head['isa']} tvm={head.get('tvm', '?')}"
+        for lineno, wl in lines:
+            try:
+                if not all(isinstance(wl[k], str) for k in ("shash", "name", "op_class", "mod")):
+                    raise TypeError("shash, name, op_class and mod must be strings")
+                int(wl["flops"])
+                for rec in wl.get("records") or []:
+                    if not isinstance(rec["trace"], str) or not isinstance(rec.get("args_info", "[]"), str):
+                        raise TypeError("a record's trace and args_info must be strings")
+                    checked_run_secs(rec["run_secs"])
+                    float(rec.get("measured_at", 0.0))
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise DatabaseError(f"hub {self.source} line {lineno}: malformed: {one_line(e)}") from None
+            self._pending.setdefault(wl["shash"], []).append((lineno, wl))
+
+    def _decode(self, lineno: int, wl: dict) -> None:
+        try:
+            mod = load_object_json(wl["mod"])  # checked: what would crash TVM is refused
+            records = []
+            for rec in wl.get("records") or []:
+                check_trace_json(json.loads(rec["trace"]))
+                records.append(rec)
+        except (ValueError, TypeError, RecursionError) as e:
+            log.warning("hub %s line %d (%s): left out, malformed: %s", self.source, lineno, wl["name"][:60],
+                        one_line(e))
+            return
+        with self.transaction():
+            wid = super().commit_workload(mod, name=wl["name"], op_class=wl["op_class"],
+                                          flops=int(wl["flops"])).workload_id
+            for rec in records:
+                self.commit_record(Record(
+                    workload_id=wid, target=self._target_key, candidate_key=candidate_key(rec["trace"]),
+                    trace_json=rec["trace"], args_info_json=rec.get("args_info", "[]"),
+                    result=MeasureResult(run_secs=checked_run_secs(rec["run_secs"])), phase=Phase.STORM,
+                    measured_at=float(rec.get("measured_at", 0.0)), versions=self._versions))
+
+    def _decode_pending(self, shash: str | None = None) -> None:
+        keys = list(self._pending) if shash is None else [shash]
+        for key in keys:
+            for lineno, wl in self._pending.pop(key, []):
+                self._decode(lineno, wl)
+
+    def find_workload(self, mod: tvm.IRModule) -> WorkloadEntry | None:
+        if self._pending:
+            self._decode_pending(ms.utils.shash2hex(as_module(mod)))
+        return super().find_workload(mod)
+
+    def workloads(self) -> list[WorkloadEntry]:
+        self._decode_pending()
+        return super().workloads()
 
     def close(self) -> None:
         try:
@@ -218,33 +261,37 @@ def open_hub(target: Target, hub: bool | str = True) -> HubDatabase | None:
     return HubDatabase(path, canonical(target))
 
 
-def write_hub(db: Database, path: str | os.PathLike, isa: str, *, per_workload: int = PER_WORKLOAD) -> HubInfo:
-    """Write the hub of ``isa`` from ``db``: every workload with valid records measured on a target
-    of that ISA class (not imported ones), its ``per_workload`` fastest. Written aside, then moved
-    in place. Returns what was written."""
+def write_hub(db: Database | Sequence[Database], path: str | os.PathLike, isa: str, *,
+              per_workload: int = PER_WORKLOAD) -> HubInfo:
+    """Write the hub of ``isa`` from ``db`` (one database or several): every workload with valid
+    records measured on a target of that ISA class (not imported ones), its ``per_workload``
+    fastest; a workload in several databases or measured on several machines once, where its best
+    is fastest. Written aside, then moved in place. Returns what was written."""
+    dbs = [db] if isinstance(db, Database) else list(db)
     machines: set[str] = set()
     rows: list[dict] = []
-    for target_key in sorted({t for wl in db.workloads() for t in db.targets(wl.workload_id)}):
-        if isa_class(target_key) != isa:
-            continue
-        for wl in db.workloads():
-            best = [r for r in db.best(wl.workload_id, target_key, k=per_workload, checked=True) if r.ok]
-            if not best:
+    for one in dbs:
+        for target_key in sorted({t for wl in one.workloads() for t in one.targets(wl.workload_id)}):
+            if isa_class(target_key) != isa:
                 continue
-            machines.add(target_key)
-            rows.append({"name": wl.name, "op_class": wl.op_class, "flops": wl.flops, "shash": wl.shash,
-                         "mod": tvm.ir.save_json(wl.mod), "measured_on": target_key,
-                         "records": [{"trace": r.trace_json, "args_info": r.args_info_json,
-                                      "run_secs": list(r.result.run_secs or ()), "measured_at": r.measured_at}
-                                     for r in best]})
+            for wl in one.workloads():
+                best = [r for r in one.best(wl.workload_id, target_key, k=per_workload, checked=True) if r.ok]
+                if not best:
+                    continue
+                machines.add(target_key)
+                rows.append({"name": wl.name, "op_class": wl.op_class, "flops": wl.flops, "shash": wl.shash,
+                             "mod": tvm.ir.save_json(wl.mod), "measured_on": target_key,
+                             "records": [{"trace": r.trace_json, "args_info": r.args_info_json,
+                                          "run_secs": list(r.result.run_secs or ()), "measured_at": r.measured_at}
+                                         for r in best]})
     merged: dict[str, dict] = {}
-    for row in rows:  # one entry a workload: the machine with the fastest best wins
+    for row in rows:  # one entry a workload: the fastest best wins
         key = row["shash"] + row["mod"]
         old = merged.get(key)
         if old is None or min(row["records"][0]["run_secs"]) < min(old["records"][0]["run_secs"]):
             merged[key] = row
-    models = sorted(name for name, note in db.model_notes().items()
-                    if isinstance(note.get("target"), str) and isa_class(note["target"]) == isa)
+    models = sorted({name for one in dbs for name, note in one.model_notes().items()
+                     if isinstance(note.get("target"), str) and isa_class(note["target"]) == isa})
     head = {"stormdrop_hub": FORMAT, "isa": isa, "tvm": tvm.__version__, "built_at": time.time(),
             "machines": sorted(machines), "models": models}
     out = Path(path)
