@@ -1,20 +1,18 @@
-"""Measurement on a device registered at a TVM RPC tracker (loopback tracker + server)."""
+"""Measurement on a device registered at a TVM RPC tracker (loopback tracker + server): kernels and
+models tuned and timed there, sessions renewed. Faults (servers and trackers killed, devices
+joining) are in test_rpc_faults.py."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
+from rpcutil import KEY, cluster, free_port, wait_free
 
 from stormdrop.measure.gateway import MeasureConfig
-from stormdrop.measure.tracker import RpcConfig
 from stormdrop.model.options import ModelOptions
 from stormdrop.storage.database import Database
 from stormdrop.tuning.kernel_tune import tune_kernel
@@ -22,87 +20,11 @@ from stormdrop.tuning.options import KernelOptions
 
 pytestmark = pytest.mark.slow  # builds, runs or spawns processes
 
-KEY = "stormdrop-test"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _last_line(path) -> str:
-    lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    return lines[-1] if lines else "(no output)"
-
-
-def _wait_free(rpc: RpcConfig, n: int, timeout: float = 60) -> None:
-    from tvm import rpc as tvm_rpc
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        queue = tvm_rpc.connect_tracker(rpc.host, rpc.port).summary()["queue_info"]
-        if queue.get(rpc.key, {}).get("free", 0) >= n:
-            return
-        time.sleep(0.5)
-    pytest.fail(f"{n} devices under {rpc.key} did not become free")
-
-
-def _cluster(logs, key: str, servers: int):
-    """A tracker and ``servers`` servers with ``key``, in their own process groups (their popen workers
-    too); yields the tracker's address, the servers' log files and processes, and every process by
-    name (``tracker``, ``server0``, ...: a test may replace one; all are killed at the end).
-
-    If a process exits while we wait for the servers to register, this fails at once with that
-    process's last output line (e.g. a missing module) instead of waiting a minute."""
-    tport = _free_port()
-    commands = {"tracker": ["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(tport),
-                            "--port-end", str(tport + 1)]}
-    for i in range(servers):
-        sport = _free_port()
-        commands[f"server{i}"] = ["tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(sport),
-                                  "--port-end", str(sport + 1), "--tracker", f"127.0.0.1:{tport}", "--key", key]
-    procs = {}
-    try:
-        for name, args in commands.items():
-            with open(logs / f"{name}.log", "wb") as log:
-                procs[name] = subprocess.Popen([sys.executable, "-m", *args], stdout=log,
-                                               stderr=subprocess.STDOUT, start_new_session=True)
-        from tvm import rpc
-
-        deadline = time.monotonic() + 60
-        while True:
-            for name, p in procs.items():
-                if p.poll() is not None:
-                    pytest.fail(f"the RPC {name} exited ({p.returncode}): "
-                                f"{_last_line(logs / f'{name}.log')}")
-            try:
-                # connect_tracker itself retries for a minute: knock on the port first
-                socket.create_connection(("127.0.0.1", tport), timeout=1).close()
-                summary = rpc.connect_tracker("127.0.0.1", tport).summary()
-                if summary.get("queue_info", {}).get(key, {}).get("free", 0) >= servers:
-                    break
-            except Exception:  # noqa: BLE001 - not up yet
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("the loopback RPC servers did not register at the tracker: "
-                            f"{_last_line(logs / 'server0.log')}")
-            time.sleep(0.5)
-        yield (RpcConfig("127.0.0.1", tport, key), [logs / f"server{i}.log" for i in range(servers)],
-               [procs[f"server{i}"] for i in range(servers)], procs)
-    finally:
-        for p in procs.values():
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait(timeout=10)
-
 
 @pytest.fixture(scope="module")
 def one_device(tmp_path_factory):
     """A tracker and one server with key KEY, and the server's log file."""
-    for rpc, logs, *_ in _cluster(tmp_path_factory.mktemp("rpc"), KEY, 1):
+    for rpc, logs, *_ in cluster(tmp_path_factory.mktemp("rpc"), KEY, 1):
         yield rpc, logs
 
 
@@ -114,7 +36,7 @@ def tracker(one_device):
 @pytest.fixture(scope="module")
 def two_devices(tmp_path_factory):
     """A tracker and two servers with one key, and the servers' log files."""
-    for rpc, logs, *_ in _cluster(tmp_path_factory.mktemp("rpc2"), KEY + "-2", 2):
+    for rpc, logs, *_ in cluster(tmp_path_factory.mktemp("rpc2"), KEY + "-2", 2):
         yield rpc, logs
 
 
@@ -131,7 +53,7 @@ def test_kernel_tuned_through_the_rpc_tracker_is_verified(tmp_path, tracker):
 
 
 def test_unreachable_tracker_is_one_error_line(tmp_path):
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     r = subprocess.run([sys.executable, "-m", "stormdrop", "tune", "--kernel", "matmul:M=16,N=16,K=16",
                         "--trials", "2", "--exploit-trials", "1", "--db", str(tmp_path / "x.db"),
                         "--rpc-tracker", f"127.0.0.1:{port}", "--rpc-key", KEY],
@@ -167,7 +89,7 @@ def test_every_free_device_under_the_key_measures(tmp_path, two_devices):
         assert len(g._runners) == 2
     with Gateway(host_target(), MeasureConfig(rpc=rpc, rpc_devices=1)) as g:
         assert len(g._runners) == 1  # --rpc-devices caps it
-    _wait_free(rpc, 2)  # the gateways' sessions are over: both devices back at the tracker
+    wait_free(rpc, 2)  # the gateways' sessions are over: both devices back at the tracker
     result = tune_kernel("matmul:M=32,N=32,K=32",
                          KernelOptions(trials=16, exploit_trials=0, seed=0, measure=MeasureConfig(rpc=rpc)),
                          db=tmp_path / "two.db")
@@ -249,7 +171,7 @@ def test_a_model_timer_renewing_a_live_session_lets_go_of_the_old_one(tmp_path):
     target = host_target()
     ex = tvm.compile(model.mod, target=target)
     inputs = model_run.random_inputs(model, 0)
-    for rpc, _, _, _ in _cluster(tmp_path, KEY + "-renew", 1):
+    for rpc, _, _, _ in cluster(tmp_path, KEY + "-renew", 1):
         rpc = dataclasses.replace(rpc, session_timeout_s=600)
         key = model_run._key(rpc)
         sample = model_run.model_timer(ex, inputs, target, rpc)
@@ -263,147 +185,3 @@ def test_a_model_timer_renewing_a_live_session_lets_go_of_the_old_one(tmp_path):
         assert model_run._SESSIONS[key][1] > time.monotonic() - 60  # a new session
         model_run._SESSIONS.pop(key)
 
-
-def test_a_server_killed_mid_run_leaves_its_candidates_to_the_other(tmp_path):
-    """Two devices; one server is killed once a few records are committed: its candidate in flight
-    goes to the other device, the run finishes verified and stores no failure."""
-    import threading
-
-    def count():
-        try:
-            with Database(tmp_path / "k.db") as db:
-                return sum(len(db.records(w.workload_id)) for w in db.workloads())
-        except Exception:  # noqa: BLE001 - not created yet
-            return 0
-
-    for rpc, _, procs, _ in _cluster(tmp_path, KEY + "-kill", 2):
-        def killer(victim):
-            deadline = time.monotonic() + 300
-            while count() < 4 and time.monotonic() < deadline:
-                time.sleep(0.2)
-            os.killpg(victim.pid, signal.SIGKILL)
-
-        t = threading.Thread(target=killer, args=(procs[1],), daemon=True)
-        t.start()
-        # (the lost device's runner tries for a new session for retry_s: 10 s here, 120 by default)
-        result = tune_kernel("matmul:M=32,N=32,K=32",
-                             KernelOptions(trials=24, exploit_trials=0, seed=0,
-                                           measure=MeasureConfig(rpc=dataclasses.replace(rpc, retry_s=10))),
-                             db=tmp_path / "k.db")
-        t.join(timeout=5)
-        assert procs[1].poll() is not None, "the server was not killed during the run"
-        assert result.tasks[0].verified
-        with Database(tmp_path / "k.db") as db:
-            recs = db.records(db.workloads()[0].workload_id)
-        assert len(recs) == 24 and [r.result.error for r in recs if not r.ok] == []
-
-
-def _records(path):
-    """The records of the one workload in ``path`` (none while it does not exist yet)."""
-    try:
-        with Database(path) as db:
-            return [r for w in db.workloads() for r in db.records(w.workload_id)]
-    except Exception:  # noqa: BLE001 - not created yet
-        return []
-
-
-def _kill_tracker_after(path, procs, n: int, logs=None, down_s: float = 0.0):
-    """A thread that kills the tracker once ``n`` records are committed (and, with ``logs``, starts a
-    new one on the same port after ``down_s`` seconds); returns it and the records seen at the kill."""
-    import threading
-
-    seen = []
-
-    def run():
-        deadline = time.monotonic() + 300
-        while len(_records(path)) < n and time.monotonic() < deadline:
-            time.sleep(0.2)
-        os.killpg(procs["tracker"].pid, signal.SIGKILL)
-        procs["tracker"].wait(timeout=10)
-        seen.extend(_records(path))
-        if logs is not None:
-            time.sleep(down_s)
-            with open(logs / "tracker2.log", "wb") as log:
-                procs["tracker"] = subprocess.Popen([sys.executable, *procs["tracker"].args[1:]], stdout=log,
-                                                    stderr=subprocess.STDOUT, start_new_session=True)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, seen
-
-
-def test_a_tracker_restarted_mid_run_costs_a_wait_not_a_record(tmp_path):
-    """The tracker is killed once a few records are committed and started again 3 s later on its
-    port; the session expires meanwhile (3-s sessions): the runner waits for the tracker, the
-    server registers again, and the run finishes with every record measured and no failure."""
-    for rpc, _, _, procs in _cluster(tmp_path, KEY + "-restart", 1):
-        t, seen = _kill_tracker_after(tmp_path / "t.db", procs, 4, logs=tmp_path, down_s=3.0)
-        result = tune_kernel("matmul:M=32,N=32,K=32",
-                             KernelOptions(trials=24, exploit_trials=0, seed=0,
-                                           measure=MeasureConfig(rpc=dataclasses.replace(rpc, session_timeout_s=3, retry_s=90))),
-                             db=tmp_path / "t.db")
-        t.join(timeout=5)
-        assert seen, "the tracker was not killed during the run"
-        assert result.tasks[0].verified
-        recs = _records(tmp_path / "t.db")
-        assert len(recs) == 24 and [r.result.error for r in recs if not r.ok] == []
-        assert max(r.measured_at for r in recs) - max(r.measured_at for r in seen) > 3  # measured after the restart
-
-
-def test_a_tracker_gone_for_good_stops_the_run_with_one_line_and_keeps_every_record(tmp_path):
-    """The tracker is killed for good: the session runs out, the runner tries again for 4 s
-    (``--rpc-retry``), then the run stops with one error line naming the tracker; every record
-    committed before stays, and the candidate in flight is not stored as a failure."""
-    for rpc, _, _, procs in _cluster(tmp_path, KEY + "-gone", 1):
-        t, seen = _kill_tracker_after(tmp_path / "g.db", procs, 4)
-        r = subprocess.run([sys.executable, "-m", "stormdrop", "tune", "--kernel", "matmul:M=32,N=32,K=32",
-                            "--trials", "400", "--exploit-trials", "0", "--db", str(tmp_path / "g.db"),
-                            "--rpc-tracker", f"{rpc.host}:{rpc.port}", "--rpc-key", rpc.key,
-                            "--rpc-retry", "4", "--rpc-session-timeout", "3", "--no-progress"],
-                           capture_output=True, text=True, timeout=600)
-        t.join(timeout=5)
-        assert seen, "the tracker was not killed during the run"
-        lines = r.stderr.strip().splitlines()
-        # one line naming the tracker: "does not answer", or, when the kill races the session's
-        # renewal, "no free device under key ... at HOST:PORT" (seen once on AMD znver5, session 31)
-        assert r.returncode != 0 and len(lines) == 1 and f"{rpc.host}:{rpc.port}" in lines[0], r.stderr
-        recs = _records(tmp_path / "g.db")
-        assert {x.candidate_key for x in seen} <= {x.candidate_key for x in recs} and len(recs) < 400
-        assert [x.result.error for x in recs if not x.ok] == []
-
-
-def test_a_device_that_registers_mid_run_joins_it(tmp_path):
-    """One device at the start; a second server registers under the key once a few records are
-    committed: the gateway, asking the tracker between batches, starts a runner for it, and both
-    devices time candidates; every record is measured, none failed."""
-    import threading
-
-    for rpc, logs, _, procs in _cluster(tmp_path, KEY + "-join", 1):
-        late_log = tmp_path / "server_late.log"
-
-        def start_late(rpc=rpc, procs=procs, late_log=late_log):
-            deadline = time.monotonic() + 300
-            while len(_records(tmp_path / "j.db")) < 4 and time.monotonic() < deadline:
-                time.sleep(0.2)
-            sport = _free_port()
-            with open(late_log, "wb") as log:
-                procs["late"] = subprocess.Popen(
-                    [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(sport),
-                     "--port-end", str(sport + 1), "--tracker", f"127.0.0.1:{rpc.port}", "--key", rpc.key],
-                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-        t = threading.Thread(target=start_late, daemon=True)
-        t.start()
-        from stormdrop.cli.main import main
-
-        code = main(["tune", "--kernel", "matmul:M=32,N=32,K=32", "--trials", "40", "--exploit-trials", "0",
-                     "--db", str(tmp_path / "j.db"), "--seed", "0", "--json", str(tmp_path / "j.json"),
-                     "--rpc-tracker", f"{rpc.host}:{rpc.port}", "--rpc-key", rpc.key,
-                     "--rpc-join-every", "1", "--no-progress"])
-        t.join(timeout=5)
-        assert "late" in procs, "the second server was not started during the run"
-        assert code == 0 and json.loads((tmp_path / "j.json").read_text())["tasks"][0]["verified"]
-        recs = _records(tmp_path / "j.db")
-        assert len(recs) == 40 and [r.result.error for r in recs if not r.ok] == []
-        assert late_log.read_text(errors="replace").count("load_module") > 0, "the late device timed nothing"
-        assert logs[0].read_text(errors="replace").count("load_module") > 0
