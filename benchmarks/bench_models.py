@@ -169,6 +169,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
                                 "stopped_by": r.stopped_by, "flops": sum(t.flops * t.weight for t in r.tasks),
                                 "deployed": r.deployed, "best_records": {},
                                 "in_model_candidates": args.in_model_candidates,
+                                "faster_after_s": r.faster_after_s,
                                 "per_task": [{"name": t.name, "weight": t.weight, "flops": t.flops,
                                               "latency_s": t.latency_s, "in_model_s": in_model.get(t.name),
                                               "trials": t.trials} for t in r.tasks]}
@@ -195,6 +196,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             timers[key] = model_timer(ex_arm, inputs, target)
             out[key] = {"tuning_s": ra.tuning_s, "trials": sum(sum(t.trials.values()) - t.trials["failed"]
                                                                for t in ra.tasks),
+                        "faster_after_s": ra.faster_after_s,
                         "per_task": [{"name": row.name, "weight": row.weight, "latency_s": row.latency_s,
                                       "in_model_s": row.in_model_s} for row in rows_arm]}
     print(f"  {name} stormdrop: tuned in {out['stormdrop']['tuning_s']:.0f} s", flush=True)

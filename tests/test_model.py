@@ -107,6 +107,11 @@ def test_tiny_onnx_network_tuned_compiled_and_matched(tmp_path):
     assert bench["max_abs_error"] < 1e-3
     assert sorted(t["latency_s"] for t in bench["tasks"]) == sorted(r.mean for r in deployed)
     assert f"{len(result.tasks)}/{len(result.tasks)} tasks tuned" in r.stdout
+    # time to fast of the last tune, read against the latencies measured by this bench
+    assert set(bench["faster_after_s"]) == {"onnxruntime", "openvino"} and "time to fast (the last tune): " in r.stdout
+    for peer, after in bench["faster_after_s"].items():
+        assert (after is not None) == (bench["latency_s"]["tuned"] < bench["latency_s"][peer])
+        assert after is None or 0 <= after <= result.tuning_s
     # Each task's kernel is also timed inside the model: the convolutions and the dense layer
     # are called in every run, and their time there cannot exceed a few runs of the whole model.
     in_model = [t["in_model_s"] for t in bench["tasks"] if t["in_model_s"] is not None]

@@ -15,7 +15,7 @@ from dbutil import TARGET_KEY, args_info_json, matmul_mod
 from test_model import tiny_net
 
 from stormdrop.records import ErrorKind, MeasureResult, Phase, Record
-from stormdrop.report.history import model_estimate, trials_of, trials_per_phase
+from stormdrop.report.history import model_estimate, time_to_beat, trials_of, trials_per_phase
 from stormdrop.storage.database import Database, candidate_key
 
 
@@ -55,6 +55,12 @@ def test_history_is_read_back_from_records_in_order(tmp_path):
     assert model_estimate([(1, a), (2, b)]) == []
     est = model_estimate([(1, trials), (2, trials[3:])])
     assert est[0] == (30, pytest.approx(150e-6 + 2 * 150e-6)) and est[-1][1] == pytest.approx(300e-6)
+    # time to fast: the estimate scaled to the measured model (here 2x the estimate) against a peer
+    assert time_to_beat(est, 600e-6, 1000e-6) == 30  # 450 us x 2 = 900 us at 30 s, then 800 and 600 at 40 s
+    assert time_to_beat(est, 600e-6, 900e-6) == 40  # 900 us is not below 900 us
+    assert time_to_beat(est, 600e-6, 600e-6) is None  # never faster
+    assert time_to_beat([(-5.0, 1e-3)], 1e-3, 2e-3) == 0.0  # records of an earlier run: from the start
+    assert time_to_beat([], 1e-3, 2e-3) is None and time_to_beat(est, None, 2e-3) is None
 
 
 def _cli(*args):
@@ -124,6 +130,13 @@ def test_a_model_run_is_noted_and_its_history_is_in_the_json(tuned_tiny):
             assert [h["phase"] for h in hist] == [r.phase.value for r in recs]
             assert hist[-1]["best_s"] == pytest.approx(min(r.mean for r in recs))
             assert all(a["elapsed_s"] <= b["elapsed_s"] for a, b in zip(hist, hist[1:]))
+    # time to fast: known for each peer timed, a time within the tuning exactly when the model is faster
+    lat = doc["latency_s"]
+    assert set(doc["faster_after_s"]) == {"onnxruntime", "openvino"}
+    for peer, after in doc["faster_after_s"].items():
+        assert (after is not None) == (lat["tuned"] < lat[peer])
+        assert after is None or 0 <= after <= doc["tuning_s"]
+    assert note["faster_after_s"].keys() == doc["faster_after_s"].keys()
 
 
 @pytest.mark.slow

@@ -124,7 +124,7 @@ def _rpc(args: argparse.Namespace) -> RpcConfig | None:
 def _cmd_tune_model(args: argparse.Namespace) -> int:
     from stormdrop.model.options import ModelOptions
     from stormdrop.model.tune import tune_model
-    from stormdrop.report.tables import task_table
+    from stormdrop.report.tables import faster_text, task_table
     from stormdrop.target import describe, parse_target
     from stormdrop.workloads.models import load_model, parse_input_shapes
 
@@ -149,6 +149,8 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
     print(f"model {result.model} on {describe(target)}: tuned {fmt(lat.get('tuned'))}, "
           f"{untuned}onnxruntime {fmt(lat.get('onnxruntime'))}, openvino {fmt(lat.get('openvino'))}; "
           f"tuning {result.tuning_s:.1f} s (stopped: {result.stopped_by}); output matches the reference (max |diff| {result.max_abs_error:.2g})")
+    if result.faster_after_s:  # from each task's best so far, scaled to the measured model
+        print("time to fast: " + faster_text(result.faster_after_s))
     if args.json:
         _write_json(args.json, result.to_json())
     return 0

@@ -11,6 +11,7 @@ latency is reported.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,7 @@ from stormdrop.model.run import (
 )
 from stormdrop.model.runtimes import run_pytorch
 from stormdrop.model.tune import extract_tasks
+from stormdrop.report.history import faster_after, run_estimate
 from stormdrop.storage.database import Database
 from stormdrop.target import canonical, parse_target
 from stormdrop.workloads.models import Model, load_model
@@ -58,6 +60,8 @@ class BenchResult:
     latency_s: dict[str, float | None] = field(default_factory=dict)
     tasks: list[TaskRow] = field(default_factory=list)
     max_abs_error: float | None = None
+    # time to fast of the model's last tune, against the latencies measured here (``last_tune_faster_after``)
+    faster_after_s: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def tuned_tasks(self) -> int:
@@ -65,7 +69,8 @@ class BenchResult:
 
     def to_json(self) -> dict:
         return {"target": self.target, "model": self.model, "latency_s": dict(self.latency_s),
-                "max_abs_error": self.max_abs_error, "tasks": [t.to_json() for t in self.tasks]}
+                "max_abs_error": self.max_abs_error, "tasks": [t.to_json() for t in self.tasks],
+                "faster_after_s": {k: None if v is None else round(v, 1) for k, v in self.faster_after_s.items()}}
 
 
 def deployed_keys(db: Database, model: str, target: str) -> dict[str, str]:
@@ -73,6 +78,18 @@ def deployed_keys(db: Database, model: str, target: str) -> dict[str, str]:
     note's ``deployed``; {} for a model tuned before it was noted, or on another target)."""
     note = db.model_notes().get(model, {})
     return note.get("deployed") or {} if note.get("target") == target else {}
+
+
+def last_tune_faster_after(db: Database, model: str, target: str, latency_s: dict) -> dict[str, float | None]:
+    """Time to fast of the model's last tune on ``target`` (its note: tasks, start, tuning time),
+    its records read against ``latency_s`` (as measured now); {} where no tune of it is noted."""
+    note = db.model_notes().get(model, {})
+    if note.get("target") != target or not note.get("started_at") or not note.get("tasks"):
+        return {}
+    start = float(note["started_at"])
+    curve = run_estimate(db, [(int(t["workload_id"]), int(t["weight"])) for t in note["tasks"]], target, start,
+                         until=start + float(note.get("tuning_s") or math.inf))
+    return faster_after(curve, latency_s)
 
 
 def _as_tuned(model: Model, db: Database, target: Target, lowering: Lowering) -> tuple[Any, list]:
@@ -145,6 +162,7 @@ def bench_model(spec: Any, *, db: Database, target: Any = None, seed: int = 0, l
     inputs = random_inputs(model, seed)
     latency, result.max_abs_error = side_by_side(model, ex, inputs, tgt, rpc=rpc)
     result.latency_s.update(latency)
+    result.faster_after_s = last_tune_faster_after(db, model.name, result.target, latency)
     result.latency_s["pytorch"] = None
     if rpc is None:
         task_times_in_model(ex, inputs, tgt, result.tasks)
@@ -179,4 +197,9 @@ def format_bench(result: BenchResult) -> str:
     for peer in ("onnxruntime", "openvino"):
         if tuned and result.latency_s.get(peer):
             lines.append(f"  tuned / {peer} = {tuned / result.latency_s[peer]:.2f}")
+    if result.faster_after_s:
+        from stormdrop.report.tables import faster_text
+
+        lines.append("time to fast (the last tune): " + faster_text(result.faster_after_s))
     return "\n".join(lines)
+

@@ -34,6 +34,7 @@ from stormdrop.model.run import (
 )
 from stormdrop.records import Phase
 from stormdrop.report.display import ModelDisplay, TaskLine, eta_s
+from stormdrop.report.history import faster_after, run_estimate
 from stormdrop.search.phases import check_samples
 from stormdrop.storage.database import block_names, candidate_key
 from stormdrop.storage.donors import tuned_in
@@ -61,11 +62,15 @@ class ModelResult:
     # best record as tuned), and the models' latencies with the best records / with the choice
     deployed: dict[str, int] = field(default_factory=dict)
     choice_s: dict[str, float | None] = field(default_factory=dict)
+    # time to fast: peer runtime -> the tuning time (s) at which the model became faster than it,
+    # read from the run's records (``report.history.faster_after``), None where it never did
+    faster_after_s: dict[str, float | None] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"target": self.target, "model": self.model, "tuning_s": round(self.tuning_s, 3),
                 "latency_s": dict(self.latency_s), "tasks": [t.to_json() for t in self.tasks],
-                "in_model_choice": {"deployed": dict(self.deployed), **self.choice_s}}
+                "in_model_choice": {"deployed": dict(self.deployed), **self.choice_s},
+                "faster_after_s": {k: None if v is None else round(v, 1) for k, v in self.faster_after_s.items()}}
 
 
 def op_class(mod: tvm.IRModule, task_name: str = "") -> str:
@@ -113,6 +118,7 @@ def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = 
     with default shapes (an ONNX path, a zoo name, a Relax module, a ``torch.export`` program).
     """
     start = time.monotonic()
+    started_at = time.time()  # the same instant on the records' clock
     opts = options or ModelOptions()
     search, trials, trials_per_task, seed = opts.search, opts.trials, opts.trials_per_task, opts.seed
     check_samples(opts.measure, search.phases, trials_per_task - max(1, trials_per_task // 2))
@@ -141,7 +147,7 @@ def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = 
             lowering = budgeted
             with Gateway(tgt, measure) as gateway:
                 sessions = [TaskSession(database, gateway, k, tgt, seed) for k, _ in tasks]
-                note = {"target": canonical(tgt), "started_at": time.time(), "winograd": lowering.winograd,
+                note = {"target": canonical(tgt), "started_at": started_at, "winograd": lowering.winograd,
                         "tasks": [{"workload_id": s.entry.workload_id, "name": k.name, "weight": w}
                                   for s, (k, w) in zip(sessions, tasks)]}
                 database.note_model(model.name, note)  # a killed run's report knows its tasks too
@@ -175,8 +181,12 @@ def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = 
             # after the gateway is closed: its runners' devices (RPC) are free again for the model
             deployed = _compile_and_verify(result, model, fused, sessions, tgt, opts.output, seed, start,
                                            rpc=measure.rpc, untuned=opts.untuned, candidates=in_model_candidates)
+            result.faster_after_s = faster_after(run_estimate(  # time to fast, from this run's records
+                database, [(s.entry.workload_id, w) for s, (_, w) in zip(sessions, tasks)], canonical(tgt),
+                started_at), result.latency_s)
             database.note_model(model.name, {**note, "tuning_s": result.tuning_s, "latency_s": result.latency_s,
-                                             "stopped_by": stopped_by, "deployed": deployed})
+                                             "stopped_by": stopped_by, "deployed": deployed,
+                                             "faster_after_s": result.faster_after_s})
     finally:
         if display is not None:
             display.close()

@@ -66,3 +66,34 @@ def model_estimate(tasks: Sequence[tuple[int, Sequence[Trial]]]) -> list[tuple[f
         if len(best) == len(tasks):
             out.append((elapsed, sum(tasks[j][0] * best[j] for j in best)))
     return out
+
+
+def time_to_beat(curve: Sequence[tuple[float, float]], final_s: float | None, peer_s: float | None) -> float | None:
+    """The tuning time (s, from ``curve``'s clock, at least 0) at which the model's estimate
+    (``model_estimate``), scaled so that its last point is ``final_s`` (the compiled model as
+    measured: the estimate leaves out the untuned operators), first fell below ``peer_s`` (another
+    runtime's latency); None when it never did (the tuned model is not faster) or nothing is known."""
+    if not curve or not final_s or not peer_s or curve[-1][1] <= 0:
+        return None
+    scale = final_s / curve[-1][1]
+    return next((max(0.0, t) for t, est in curve if est * scale < peer_s), None)
+
+
+PEERS = ("onnxruntime", "openvino")  # the runtimes a model's time to fast is read against
+
+
+def run_estimate(db, tasks: Sequence[tuple[int, int]], target_key: str, start: float,
+                 until: float = math.inf) -> list[tuple[float, float]]:
+    """The estimate curve (``model_estimate``) of one model run: ``tasks`` as (workload id,
+    weight), their records on ``target_key`` (from ``db``, a ``storage.store.RecordSource``)
+    measured up to ``until`` (epoch s; a later run of another model sharing a workload is not
+    this run's), on a clock from ``start`` (epoch s)."""
+    return model_estimate([(w, trials_of([r for r in db.records(wid, target_key) if r.measured_at <= until], start))
+                           for wid, w in tasks])
+
+
+def faster_after(curve: Sequence[tuple[float, float]], latency_s: dict) -> dict[str, float | None]:
+    """Time to fast against each peer runtime in ``latency_s`` (a model's measured latencies, its
+    own under ``tuned``): ``time_to_beat`` for each of ``PEERS`` timed."""
+    return {peer: time_to_beat(curve, latency_s.get("tuned"), latency_s[peer]) for peer in PEERS
+            if latency_s.get(peer)}

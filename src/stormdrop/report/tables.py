@@ -85,3 +85,10 @@ def format_best_table(db: Any, target: str | None = None) -> str:
         out += [f"Target: {tgt}", table(header, rows)]
         out += [f"Total trials: {n}", f"Total latency (us): {total:.4f}", ""]
     return "\n".join(out).rstrip("\n")
+
+
+def faster_text(faster_after_s: dict[str, float | None]) -> str:
+    """``faster_after_s`` in words: "faster than ONNX Runtime after 84 s of tuning; not faster than OpenVINO"."""
+    names = {"onnxruntime": "ONNX Runtime", "openvino": "OpenVINO"}
+    return "; ".join(f"faster than {names[p]} after {s:.0f} s of tuning" if s is not None
+                     else f"not faster than {names[p]}" for p, s in faster_after_s.items())

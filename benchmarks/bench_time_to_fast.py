@@ -1,0 +1,120 @@
+"""Time to fast: how long a user tunes before the model beats ONNX Runtime and OpenVINO, with and
+without the schedule hub. Each case is a network tuned under one time budget
+(``stormdrop tune --model M --time-budget S``), once with the hub and once without, into fresh
+databases; the two builds are then timed against ONNX Runtime and OpenVINO in turns
+(``bench_models.bench_one --hub ab``: same target string, same threads, outputs checked). Each
+budget is its own run (what a user who gives that budget gets), not a prefix of a longer one.
+
+A row also says how many of the network's tasks the hub holds exactly (its exact workloads: a
+network the hub was built from has them all, a network it was not built from few or none), whether
+the network was named held out before the run, and "faster after": the tuning time at which each
+run's model became faster than ONNX Runtime by the tune's own reading (``ModelResult.faster_after_s``:
+every task's best so far, scaled to the measured model), against the ONNX Runtime latency that tune
+measured.
+
+    PYTHONPATH=src python benchmarks/bench_time_to_fast.py --cases resnet50,resnet18@56 --budgets 60,120,300 \\
+        --held-out resnet34 --json benchmarks/results_time_to_fast.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+HEADER = ["network", "budget s", "held out", "hub's exact tasks", "ONNX Runtime ms", "OpenVINO ms", "hub ms",
+          "no hub ms", "ORT / hub", "ORT / no hub", "OV / hub", "OV / no hub", "hub: faster than ORT after s",
+          "no hub: faster than ORT after s"]
+
+
+def hub_tasks(name: str, resolution: int | None, target) -> tuple[int, int]:
+    """(tasks whose workload the target's hub holds exactly, tasks) of the network as a tune lowers it."""
+    from stormdrop.model.tune import extract_tasks
+    from stormdrop.storage.donors import tuned_in
+    from stormdrop.storage.hub import open_hub
+    from stormdrop.target import canonical
+    from stormdrop.workloads.models import load_model
+
+    model = load_model(name, **({"resolution": resolution} if resolution else {}))
+    _, tasks = extract_tasks(model, target)
+    hub = open_hub(target)
+    if hub is None:
+        return 0, len(tasks)
+    with hub:
+        return sum(tuned_in(k.mod, canonical(target), [hub]) for k, _ in tasks), len(tasks)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", default="resnet50,resnet18@56", help="networks: NAME[@RESOLUTION] or .onnx paths")
+    p.add_argument("--budgets", default="60,120,300,900", help="time budgets in seconds, each its own run")
+    p.add_argument("--hub", default="ab", choices=["ab", "on"],
+                   help="both arms (ab), or with the hub only (on: a network it holds nothing of)")
+    p.add_argument("--held-out", default="", help="the networks named held out before the run (NAME or NAME@RES)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="benchmarks/RESULTS.md")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+
+    import bench_models
+    from _peers import machine, pinned_host, publish
+
+    target, key = pinned_host()
+    held = {h.strip() for h in args.held_out.split(",") if h.strip()}
+    budgets = [float(b) for b in args.budgets.split(",") if b.strip()]
+    rows, raw = [], []
+
+    def ms_(v):
+        return f"{v * 1e3:.2f}" if v else "-"
+
+    def ratio(peer, v):
+        return f"{peer / v:.2f}" if peer and v else "-"
+
+    def after(d):
+        s = (d.get("faster_after_s") or {}).get("onnxruntime")
+        return "-" if not d.get("faster_after_s") else ("never" if s is None else f"{s:.0f}")
+
+    for case in filter(None, (c.strip() for c in args.cases.split(","))):
+        name, _, res_text = case.partition("@")
+        res = int(res_text) if res_text else None
+        exact, num_tasks = hub_tasks(name, res, target)
+        for budget in budgets:
+            print(f"[{case}, {budget:.0f} s]", flush=True)
+            margs = bench_models.parse_args(["--models", name, "--time-budget", str(budget), "--skip-ms",
+                                             "--rounds", str(args.rounds), "--seed", str(args.seed), "--hub", args.hub]
+                                            + (["--resolution", str(res)] if res else []))
+            r = bench_models.bench_one(name, margs, target)
+            r = {k: ({kk: vv for kk, vv in v.items() if kk != "ex"} if isinstance(v, dict) else v) for k, v in r.items()}
+            r.update(network=name, resolution=res, budget_s=budget, held_out=case in held or name in held,
+                     hub_exact_tasks=exact, tasks=num_tasks)
+            raw.append(r)
+            sd, nh = r["stormdrop"], r.get("no_hub", {})
+            ort, ov = r["onnxruntime_s"], r.get("openvino_s")
+            rows.append([case, f"{budget:.0f}", "yes" if r["held_out"] else "no", f"{exact}/{num_tasks}", ms_(ort),
+                         ms_(ov), ms_(sd.get("latency_s")) if sd.get("latency_s") else sd.get("status", "-"),
+                         ms_(nh.get("latency_s")), ratio(ort, sd.get("latency_s")), ratio(ort, nh.get("latency_s")),
+                         ratio(ov, sd.get("latency_s")), ratio(ov, nh.get("latency_s")), after(sd), after(nh)])
+            print("| " + " | ".join(rows[-1]) + " |", flush=True)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump({"command": " ".join(sys.argv), "target": key, "cases": raw}, f, indent=1)
+    lines = ["", f"## Time to fast, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
+             f"- machine: {machine()}; target: `{key}`", f"- command: `{' '.join(sys.argv)}`",
+             f"- each row: `tune --model M --time-budget S` with the schedule hub ({bench_models._hub_name(target)}) "
+             "and without it, fresh databases, defaults otherwise; latencies in ms: median of "
+             f"{args.rounds} rounds in which the peers take turns; ratios > 1: stormdrop faster; 'faster than ORT "
+             "after': the tune's own reading (every task's best so far, scaled to the measured model, against the "
+             "ONNX Runtime latency that tune measured), 'never': not faster when it ended", "",
+             "| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER), *("| " + " | ".join(r) + " |" for r in rows),
+             ""]
+    publish(lines, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
