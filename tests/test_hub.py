@@ -118,6 +118,18 @@ def test_a_hub_is_written_from_a_database_and_read_back_as_a_donor_of_the_runs_t
     assert "models: net512" in shown
 
 
+def test_a_hub_written_for_some_models_holds_their_tasks_only(tmp_path, source_db):
+    path, wid, _ = source_db
+    with Database(path, read_only=True) as db:  # net512's note names no task
+        got = hub.write_hub(db, tmp_path / "none.jsonl.gz", "x86-avx512", models={"net512"})
+    assert (got.workloads, got.models) == (0, ("net512",))
+    with Database(path) as db:
+        db.note_model("net512", {"target": AVX512, "tasks": [{"workload_id": wid, "name": "mm", "weight": 1}]})
+        got = hub.write_hub(db, tmp_path / "one.jsonl.gz", "x86-avx512", models={"net512", "not tuned"})
+        assert (got.workloads, got.models) == (1, ("net512",))
+        assert hub.write_hub(db, tmp_path / "other.jsonl.gz", "x86-avx512", models={"net2"}).workloads == 0
+
+
 def _hub_lines(path) -> list[dict]:
     with gzip.open(path, "rt") as f:
         return [json.loads(line) for line in f]

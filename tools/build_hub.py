@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--also", action="append", default=[], metavar="DB",
                    help="another stormdrop database whose records of this ISA class go into the hub too (e.g. "
                         "a benchmark's --keep-db databases); repeatable")
+    p.add_argument("--models", default=None,
+                   help="write only the tasks of these models' last tunes (comma list of the names the "
+                        "databases note them by; default: every workload)")
     args = p.parse_args(argv)
     target = host_target()
     isa = isa_class(target)
@@ -72,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or str(SHIPPED_DIR / f"{isa}{SUFFIX}")
     dbs = [Database(path, read_only=True) for path in [args.db, *args.also]]
     try:
-        got = write_hub(dbs, out, isa)
+        got = write_hub(dbs, out, isa, models=None if args.models is None else
+                        {m.strip() for m in args.models.split(",") if m.strip()})
     finally:
         for db in dbs:
             db.close()

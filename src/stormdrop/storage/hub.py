@@ -30,7 +30,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -261,20 +261,37 @@ def open_hub(target: Target, hub: bool | str = True) -> HubDatabase | None:
     return HubDatabase(path, canonical(target))
 
 
+def _noted(db: Database, isa: str, models: Collection[str] | None) -> tuple[set[str], set[int] | None]:
+    """The models noted in ``db`` as tuned on ``isa`` (those of ``models`` only, when given), and the
+    workload ids of their tasks (None: every workload, when ``models`` is None)."""
+    notes = {name: note for name, note in db.model_notes().items()
+             if isinstance(note.get("target"), str) and isa_class(note["target"]) == isa
+             and (models is None or name in models)}
+    if models is None:
+        return set(notes), None
+    return set(notes), {int(t["workload_id"]) for note in notes.values() for t in note.get("tasks", [])}
+
+
 def write_hub(db: Database | Sequence[Database], path: str | os.PathLike, isa: str, *,
-              per_workload: int = PER_WORKLOAD) -> HubInfo:
+              per_workload: int = PER_WORKLOAD, models: Collection[str] | None = None) -> HubInfo:
     """Write the hub of ``isa`` from ``db`` (one database or several): every workload with valid
     records measured on a target of that ISA class (not imported ones), its ``per_workload``
     fastest; a workload in several databases or measured on several machines once, where its best
-    is fastest. Written aside, then moved in place. Returns what was written."""
+    is fastest. ``models``: only the tasks of these models' last tunes (their notes). Written
+    aside, then moved in place. Returns what was written."""
     dbs = [db] if isinstance(db, Database) else list(db)
     machines: set[str] = set()
     rows: list[dict] = []
+    names: set[str] = set()
     for one in dbs:
+        noted, allowed = _noted(one, isa, models)
+        names |= noted
         for target_key in sorted({t for wl in one.workloads() for t in one.targets(wl.workload_id)}):
             if isa_class(target_key) != isa:
                 continue
             for wl in one.workloads():
+                if allowed is not None and wl.workload_id not in allowed:
+                    continue
                 best = [r for r in one.best(wl.workload_id, target_key, k=per_workload, checked=True) if r.ok]
                 if not best:
                     continue
@@ -290,10 +307,8 @@ def write_hub(db: Database | Sequence[Database], path: str | os.PathLike, isa: s
         old = merged.get(key)
         if old is None or min(row["records"][0]["run_secs"]) < min(old["records"][0]["run_secs"]):
             merged[key] = row
-    models = sorted({name for one in dbs for name, note in one.model_notes().items()
-                     if isinstance(note.get("target"), str) and isa_class(note["target"]) == isa})
     head = {"stormdrop_hub": FORMAT, "isa": isa, "tvm": tvm.__version__, "built_at": time.time(),
-            "machines": sorted(machines), "models": models}
+            "machines": sorted(machines), "models": sorted(names)}
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
