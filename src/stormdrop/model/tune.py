@@ -36,8 +36,9 @@ from stormdrop.records import Phase
 from stormdrop.report.display import ModelDisplay, TaskLine, eta_s
 from stormdrop.report.history import faster_after, run_estimate
 from stormdrop.search.phases import check_samples
-from stormdrop.storage.database import block_names, candidate_key
+from stormdrop.storage.database import candidate_key
 from stormdrop.storage.donors import tuned_in
+from stormdrop.storage.identity import block_names
 from stormdrop.target import canonical, parse_target
 from stormdrop.tuning.budget import Budget, first_batch_size, model_compiles, storm_share
 from stormdrop.tuning.driver import drive, measured, run_databases

@@ -44,7 +44,8 @@ from tvm.s_tir.schedule import Instruction, Trace
 from stormdrop.errors import one_line
 from stormdrop.records import Phase
 from stormdrop.search.space import Candidate
-from stormdrop.storage.database import Database, WorkloadEntry, block_names
+from stormdrop.storage.database import Database, WorkloadEntry
+from stormdrop.storage.identity import block_names
 from stormdrop.tvm_compat.trace_json import schedule_from_trace_json
 
 log = logging.getLogger("stormdrop")

@@ -18,17 +18,16 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import tvm
 import tvm.s_tir.meta_schedule as ms
 import tvm_ffi
-from tvm.s_tir import Schedule
 
 from stormdrop.errors import DatabaseError, one_line
 from stormdrop.records import IMPORTED, ErrorKind, MeasureResult, Phase, Record
 from stormdrop.storage._claims import Claims
 from stormdrop.storage._schema import RECORD_COLS, WORKLOAD_COLS, open_connection, record_from_row
+from stormdrop.storage.identity import as_module, block_names
 from stormdrop.target import canonical, from_canonical
 from stormdrop.tvm_compat.trace_json import load_object_json
 
@@ -382,21 +381,3 @@ class Database(Claims):
             raise DatabaseError(f"database {self.path}: a model note is malformed (not a JSON object)")
         return notes
 
-
-def block_names(mod: tvm.IRModule | Schedule) -> tuple[str, ...]:
-    """The names of the blocks under the root block of ``mod`` (a module or a schedule of one), in
-    order (``lv224_red``). Structural equality leaves names
-    out, but a trace finds its blocks by name: two equal kernels whose blocks are named apart (a
-    global mean over ``lv235`` in one model, over ``lv397`` in another) cannot replay each other's
-    records, so they are two workloads (reuse transfers between them, renaming the blocks)."""
-    sch = mod if isinstance(mod, Schedule) else Schedule(mod)
-    return tuple(sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root")))
-
-
-def as_module(mod: Any) -> tvm.IRModule:
-    """``mod`` as an IRModule (a PrimFunc becomes its ``main``); TypeError for anything else."""
-    if isinstance(mod, tvm.IRModule):
-        return mod
-    if isinstance(mod, tvm.tirx.PrimFunc):
-        return tvm.IRModule({"main": mod})
-    raise TypeError(f"expected an IRModule, got {type(mod).__name__}")

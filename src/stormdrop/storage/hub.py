@@ -40,7 +40,8 @@ from tvm.target import Target
 
 from stormdrop.errors import DatabaseError, one_line
 from stormdrop.records import IMPORTED, MeasureResult, Phase, Record
-from stormdrop.storage.database import Database, WorkloadEntry, as_module, candidate_key
+from stormdrop.storage.database import Database, WorkloadEntry, candidate_key
+from stormdrop.storage.identity import as_module
 from stormdrop.storage.metaschedule import checked_run_secs
 from stormdrop.tvm_compat.trace_json import check_trace_json, load_object_json
 
