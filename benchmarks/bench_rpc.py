@@ -55,10 +55,10 @@ def main(argv: list[str] | None = None) -> int:
                 with Gateway(target, config) as g:
                     g.prepare("mm", kernel.mod)
                     g.measure("mm", mods[:2])  # references and sessions warm on every device
-                    run0 = g.stats["run_s"]
+                    run0 = g.costs.runs.seconds
                     t0 = time.monotonic()
                     results = g.measure("mm", mods)
-                    secs, run_s = time.monotonic() - t0, g.stats["run_s"] - run0
+                    secs, run_s = time.monotonic() - t0, g.costs.runs.seconds - run0
                     rows.append({"servers": n, "runners": len(g._runners), "candidates": len(mods),
                                  "ok": sum(r.ok for r in results), "seconds": secs, "run_seconds": run_s,
                                  "per_minute": 60 * len(mods) / secs, "timed_per_minute": 60 * len(mods) / run_s})

@@ -8,7 +8,7 @@
 #   .gpu2/*.whl                   cp312 wheels of apache-tvm-ffi==0.1.14.post1, xgboost-cpu, platformdirs
 # (both folders listed in .git/info/exclude). Call 1: `bash benchmarks/device_cuda.sh stage`
 # carrying .gpu1; call 2, on the still-warm machine: `bash benchmarks/device_cuda.sh run`
-# carrying .gpu2 (env: PYTEST_ARGS, BENCH_S, KERNELS, TRIALS, EXPLOIT, SEEDS, BENCH_ARGS). The run installs into /tmp/site, checks the GPU, runs tests/test_cuda.py
+# carrying .gpu2 (env: PYTEST_ARGS, BENCH_S, KERNELS, TRIALS, EXPLOIT, SEEDS, BENCH_ARGS). The run installs into /tmp/site, checks the GPU, runs tests/measure/test_cuda.py
 # (the GPU test included) and benchmarks/bench_kernels.py --target cuda; logs and JSON go to $OUT.
 # MODEL=resnet18 (MODEL_ARGS="--resolution 56", MODEL_BUDGET=240): then `tune --model` on the GPU, with
 # -vv logging to $OUT/model.log (BENCH_S=1 skips the kernels).
@@ -48,7 +48,7 @@ try:
 except RuntimeError as err:
     print(err)
 EOF
-timeout -s INT 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py -rs ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/test_cuda.log"
+timeout -s INT 150 python3 -m pytest -q -p no:cacheprovider tests/measure/test_cuda.py -rs ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/test_cuda.log"
 echo "tests done at $(( $(date +%s) - t0 )) s"
 timeout -s INT "${BENCH_S:-330}" python3 benchmarks/bench_kernels.py --target cuda \
     --kernels "${KERNELS:-mm1024,r50_c2_b8}" --trials "${TRIALS:-64}" --exploit-trials "${EXPLOIT:-32}" \

@@ -1,4 +1,4 @@
-"""Fuzzing the files and rows stormdrop reads, at scale: ``tests/test_fuzz.py`` (Hypothesis,
+"""Fuzzing the files and rows stormdrop reads, at scale: ``tests/storage/test_fuzz.py`` (Hypothesis,
 seeded) with ``--examples`` cases per test, in a child process (a crash would be its death by a
 signal), each command's exit codes counted.
 
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         env = dict(os.environ, FUZZ_EXAMPLES=str(args.examples), FUZZ_TALLY=tally_path)
         t0 = time.monotonic()
         select = ["-k", args.select] if args.select else []
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_fuzz.py", *select],
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/storage/test_fuzz.py", *select],
                            cwd=root, env=env, capture_output=True, text=True)
         wall = time.monotonic() - t0
         tally = json.load(open(tally_path)) if os.path.exists(tally_path) else {}
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     tracebacks = sum(n for k, n in tally.items() if "traceback" in k)
     other = sum(n for k, n in tally.items() if " exit " in k and not k.endswith((" exit 0", " exit 2")))
     lines = ["", f"## Fuzzing, {datetime.datetime.now():%Y-%m-%d %H:%M}", "", f"- machine: {machine()}",
-             f"- command: `{' '.join(sys.argv)}`", f"- tests/test_fuzz.py{' -k ' + args.select if args.select else ''}, "
+             f"- command: `{' '.join(sys.argv)}`", f"- tests/storage/test_fuzz.py{' -k ' + args.select if args.select else ''}, "
              f"{args.examples} cases per test, "
              f"{wall:.0f} s: pytest `{summary}` (exit {r.returncode}{', killed by a signal' if crashed else ''})", "",
              "| command, outcome | cases |", "| --- | --- |",

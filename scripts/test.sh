@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install --quiet --disable-pip-version-check -e ".[test,models]"
-# tests/test_report.py opens the HTML report in a real browser: the Debian package `chromium`
+# tests/report/test_report.py opens the HTML report in a real browser: the Debian package `chromium`
 # (playwright drives it; playwright's own browser download needs a network this project does not assume)
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1 \

@@ -13,7 +13,7 @@ from stormdrop.tvm_compat.intrinsics import load_tensor_intrinsics
 from stormdrop.tvm_compat.trace_json import trace_to_json
 
 # No shipped schedule hub in the tests (subprocesses included): what a test tunes and counts must not
-# depend on whether this machine's ISA class has a hub. tests/test_hub.py opts in.
+# depend on whether this machine's ISA class has a hub. tests/storage/test_hub.py opts in.
 os.environ["STORMDROP_HUB"] = "off"
 
 

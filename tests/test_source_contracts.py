@@ -40,3 +40,13 @@ def test_every_package_has_an_init_that_says_what_it_owns() -> None:
     undocumented = [str(f.relative_to(SRC.parent)) for f in sorted(folders)
                     if not ast.get_docstring(ast.parse((f / "__init__.py").read_text()))]
     assert not undocumented, f"no docstring in the __init__.py of {undocumented}"
+
+
+def test_the_tests_mirror_the_packages() -> None:
+    """A package's tests sit in the folder of its name (``tests/search/`` for ``stormdrop.search``);
+    only these project-wide checks sit at the top."""
+    tests = Path(__file__).resolve().parent
+    packages = {p.name for p in SRC.iterdir() if (p / "__init__.py").is_file()}
+    folders = {p.parent.name for p in tests.rglob("test_*.py") if p.parent != tests}
+    assert folders and folders <= packages, sorted(folders - packages)
+    assert [p.name for p in tests.glob("test_*.py")] == [Path(__file__).name]

@@ -20,9 +20,9 @@ by polynomial approximations, which vectorize:
   ``Selu``, ``Mish`` and ``Softplus`` reach Relax as ``exp``/``log``/``tanh`` compositions.
 
 float32 only (other dtypes keep TVM's legalization). Accuracy, checked by
-``tests/test_layout.py`` against NumPy/SciPy on 200,001 points of [-12, 12] ([-80, 80]
+``tests/lowering/test_layout.py`` against NumPy/SciPy on 200,001 points of [-12, 12] ([-80, 80]
 for exp; for log subnormals to 1e30 and [0.5, 2]): within 2e-6 of the exact value (relative
-for exp, relative to max(|y|, 1) for the others); ``tests/test_fastmath.py`` compiles models of every such
+for exp, relative to max(|y|, 1) for the others); ``tests/lowering/test_fastmath.py`` compiles models of every such
 ONNX operator and finds no call to a scalar libm function in their kernels; whole models
 are checked against ONNX Runtime as before (``--no-fast-math`` turns this off).
 """

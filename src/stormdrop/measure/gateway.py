@@ -30,6 +30,7 @@ import tvm
 from tvm.target import Target
 
 from stormdrop.errors import MeasureError, one_line
+from stormdrop.measure.costs import MeasureCosts
 from stormdrop.measure.memory import process_rss_mb, runner_memory_limit_mb
 from stormdrop.measure.timing_lock import timing
 from stormdrop.measure.tracker import RpcConfig, devices_to_start, free_devices
@@ -95,10 +96,7 @@ class Gateway:
         self._workdir = tempfile.mkdtemp(prefix="stormdrop-")
         self._workloads: dict[str, tuple[str, int]] = {}
         self._counter = 0
-        # builder_s: the builds' own seconds (no start-up, no queue); first_*: warm-up (candidate_s)
-        self.stats = {"run_s": 0.0, "measured": 0, "runner_restarts": 0, "built": 0, "builder_s": 0.0,
-                      "codegen_s": 0.0, "first_run_s": 0.0, "first_measured": 0, "first_built": 0,
-                      "first_builder_s": 0.0, "first_codegen_s": 0.0}
+        self.costs = MeasureCosts()  # the builds' own seconds (no start-up, no queue), the runs'
         for w in (*self._builders, *(r.worker for r in self._runners)):
             w.start()  # start importing TVM in the background right away
 
@@ -131,9 +129,7 @@ class Gateway:
             else:
                 self._run_parallel(keys, built, results, on_result)
         finally:
-            first = "" if self.stats["measured"] or self.stats["first_measured"] else "first_"
-            self.stats[first + "run_s"] += time.monotonic() - t1
-            self.stats[first + "measured"] += sum(r is not None for r in results)
+            self.costs.ran(time.monotonic() - t1, sum(r is not None for r in results))
         return results  # type: ignore[return-value]
 
     def _join_free_devices(self) -> None:
@@ -161,11 +157,7 @@ class Gateway:
         build and the first batch's runs only until others are measured (they pay the processes'
         warm-up: counted as a typical candidate, a short budget kept more for verifying and compiling
         than it had)."""
-        return self._mean("builder_s", "built"), self._mean("run_s", "measured")
-
-    def _mean(self, seconds: str, count: str) -> float:
-        s = self.stats
-        return s[seconds] / s[count] if s[count] else s["first_" + seconds] / max(s["first_" + count], 1)
+        return self.costs.candidate_s()
 
     def batch_s(self, n: int) -> float:
         """Wall seconds to measure ``n`` candidates in one batch (``candidate_s``): the builders
@@ -177,7 +169,7 @@ class Gateway:
         """Seconds to compile ``kernels`` kernels into a model: ``tvm.build``'s own time of a
         candidate, as the builders timed it (a builder's build also loads, checks and links
         its candidate: about twice the time a model's compile spends on it)."""
-        return kernels * self._mean("codegen_s", "built")
+        return self.costs.compile_s(kernels)
 
     def _build_all(self, mods: list[tvm.IRModule],
                    on_failure: Callable[[int, MeasureResult], None] | None = None) -> list[dict | MeasureResult]:
@@ -204,10 +196,9 @@ class Gateway:
                 out[job] = value if status == "ok" else MeasureResult.failure(
                     ErrorKind.BUILDER_CRASH if status == "crash" else ErrorKind.BUILD_ERROR, str(value))
                 if status == "ok":
-                    first, worker.jobs = "" if worker.jobs else "first_", worker.jobs + 1
-                    self.stats[first + "built"] += 1
-                    self.stats[first + "builder_s"] += float(value.get("build_s", 0.0))
-                    self.stats[first + "codegen_s"] += float(value.get("codegen_s", 0.0))
+                    self.costs.built(float(value.get("build_s", 0.0)), float(value.get("codegen_s", 0.0)),
+                                     first=not worker.jobs)
+                    worker.jobs += 1
                 idle.append(worker)
                 if status != "ok" and on_failure is not None:
                     on_failure(job, out[job])
@@ -247,7 +238,7 @@ class Gateway:
         if rss > limit:
             log.info("runner process at %.0f MB (limit %.0f MB): restarting it", rss, limit)
             runner.worker.stop()
-            self.stats["runner_restarts"] += 1
+            self.costs.runner_restarts += 1
 
     def _run_parallel(self, keys: list[str], built: list, results: list,
                       on_result: Callable[[int, MeasureResult], None] | None) -> None:

@@ -1,7 +1,7 @@
 """The record store interfaces: what tuning reads from and writes to stored records, as two
 protocols. ``RecordSource`` is the read side every donor gives (a ``--reuse-from`` database
 opened read only, the schedule hub); ``RecordStore`` adds what a run's own database does
-(``storage.database.Database``). ``tests/test_record_store.py`` runs one conformance test
+(``storage.database.Database``). ``tests/storage/test_record_store.py`` runs one conformance test
 against every implementation: a writable database, its read-only view and the hub.
 
 Contracts of the read side, on one target key:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,32 +21,34 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Budget:
     """When the driver stops: ``trials`` measured in all (a hard cap; None: none), the wall-clock
-    ``deadline`` (``time.monotonic()``; inf: none). ``extend``: with time left after every task
-    is done, the costliest task gets another storm round and raindrop (``TaskTuner.extend``)."""
+    ``deadline`` (on ``clock``; inf: none). ``extend``: with time left after every task is done,
+    the costliest task gets another storm round and raindrop (``TaskTuner.extend``). ``clock``:
+    what the driver reads the time from (``time.monotonic``; a test passes a simulated one)."""
 
     trials: int | None = None
     deadline: float = math.inf
     extend: bool = False
     per_task_cap: int | None = None  # said in the stop reason only
     builds_after: int = 0  # builds after verification that the deadline covers (a model's compile: one a task)
+    clock: Callable[[], float] = time.monotonic
 
     def spent(self, used: int, reserve_s: float = 0.0) -> str:
         """Which budget is spent ("" while neither); ``reserve_s``: the time still needed after the
         search (see ``finishing_s``), so that the whole run ends by the deadline."""
         if self.trials is not None and used >= self.trials:
             return "the trial budget"
-        return "the time budget" if time.monotonic() + reserve_s >= self.deadline else ""
+        return "the time budget" if self.clock() + reserve_s >= self.deadline else ""
 
 
 def finishing_s(sessions: Sequence[TaskSession], step_s: float, builds_after: int = 0) -> float:
     """Wall seconds a run still needs once its search stops: ``step_s``, a step that may be under
     way when the deadline comes (``next_step_s``), every task's best built and measured once more
     in one batch (``verify_bests``), and ``builds_after`` kernels compiled into the model, as
-    measured by the gateway so far (without it a BERT-base tune ran past its budget by a sixth)."""
-    gateway = getattr(sessions[0], "gateway", None) if sessions else None
-    if gateway is None:
+    measured by the task's measurer so far (without it a long model's tune ends past its budget)."""
+    measurer = getattr(sessions[0], "measurer", None) if sessions else None
+    if measurer is None:
         return step_s
-    return step_s + gateway.batch_s(len(sessions)) + gateway.compile_s(builds_after)
+    return step_s + measurer.batch_s(len(sessions)) + measurer.compile_s(builds_after)
 
 
 def next_step_s(steps: Sequence[float], extension_steps: Sequence[float], extending: bool) -> float:
@@ -131,7 +133,7 @@ class Ledger:
         for a task's ``first`` round what lets the ``waiting`` ones all fit (``first_round_limit``)."""
         caps = [] if self.budget.trials is None else [self.budget.trials - self.used]  # a hard cap
         if first and math.isfinite(self.budget.deadline):
-            left = self.budget.deadline - time.monotonic() - self.finish_s()
+            left = self.budget.deadline - self.budget.clock() - self.finish_s()
             shrunk = first_round_limit(waiting, self.first_rounds, left)
             caps += [shrunk] if shrunk else []
         return min(caps, default=None)

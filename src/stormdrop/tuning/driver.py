@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -83,6 +82,7 @@ def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights:
     extended: dict[int, int] = {}
     extensions: dict[int, int] = {}  # how many each task had
     ledger = Ledger(budget, sessions, used)
+    clock = budget.clock
 
     def waiting() -> int:  # tasks yet to have their first round
         return sum(t.rounds == 0 and not t.finished for t in states)
@@ -110,9 +110,9 @@ def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights:
             else:
                 stopped_by = "every task done"
             break
-        before, t0, first = measured(sessions[i]), time.monotonic(), states[i].rounds == 0
+        before, t0, first = measured(sessions[i]), clock(), states[i].rounds == 0
         tuners[i].step(limit=ledger.limit(first, waiting()))
-        seconds = time.monotonic() - t0
+        seconds = clock() - t0
         ledger.tell_step(seconds, measured(sessions[i]) - before, first=first, extending=extending)
         sessions[i].result.tuning_s += seconds  # each task's own share of the wait
         if tuners[i].done and extended.get(i) == measured(sessions[i]):
@@ -121,12 +121,12 @@ def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights:
         if on_step is not None:
             on_step(i, ledger.used)
     for tuner, session in zip(tuners, sessions):
-        t0 = time.monotonic()
+        t0 = clock()
         tuner.finish()
-        session.result.tuning_s += time.monotonic() - t0
-    t0 = time.monotonic()
+        session.result.tuning_s += clock() - t0
+    t0 = clock()
     verify_bests(sessions)
-    share = (time.monotonic() - t0) / max(len(sessions), 1)  # each task's equal share of the batch
+    share = (clock() - t0) / max(len(sessions), 1)  # each task's equal share of the batch
     for session, weight in zip(sessions, weights):
         session.result.stored = session.tally()
         session.result.tuning_s += share

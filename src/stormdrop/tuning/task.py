@@ -2,8 +2,8 @@
 
 The loop asks a phase for candidates, looks each one up in the database (a
 schedule already measured is never measured again, which is also how a killed
-run resumes), measures the rest through the gateway, commits each record, and
-tells the phase. Then the best record is re-built from its stored trace and
+run resumes), measures the rest through the measurer (``measure.measurer``: the
+gateway, or a replay), commits each record, and tells the phase. Then the best record is re-built from its stored trace and
 checked against the reference (``verify``): only a verified kernel is reported.
 """
 
@@ -16,7 +16,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -24,10 +24,11 @@ import tvm
 from tvm.target import Target
 
 from stormdrop import __version__
-from stormdrop.measure.gateway import Gateway
+from stormdrop.measure.measurer import Measurer
 from stormdrop.records import MeasureResult, Phase, Record
 from stormdrop.report.history import Trial
 from stormdrop.search.options import SearchOptions
+from stormdrop.search.phases import SearchPhase
 from stormdrop.search.raindrop import Raindrop
 from stormdrop.search.space import Candidate, DecisionSpace
 from stormdrop.search.storm import Storm
@@ -69,11 +70,11 @@ class TaskResult:
 
 
 class TaskSession:
-    """One workload on one target: the database, the gateway and the counters."""
+    """One workload on one target: the database, the measurer and the counters."""
 
-    def __init__(self, db: Database, gateway: Gateway, kernel: Kernel, target: Target, seed: int,
+    def __init__(self, db: Database, measurer: Measurer, kernel: Kernel, target: Target, seed: int,
                  progress: object = None) -> None:
-        self.db, self.gateway, self.kernel, self.target = db, gateway, kernel, target
+        self.db, self.measurer, self.kernel, self.target = db, measurer, kernel, target
         self.target_key = canonical(target)
         self.entry: WorkloadEntry = db.commit_workload(kernel.mod, name=kernel.name, op_class=kernel.op_class,
                                                        flops=kernel.flops)
@@ -84,7 +85,7 @@ class TaskSession:
                         default=float("inf"))
         self.started = time.monotonic()
         self.fresh: list[bool] = []  # which candidates of the last ``evaluate`` it measured
-        gateway.prepare(self.entry.shash, kernel.mod, seed)
+        measurer.prepare(self.entry.shash, kernel.mod, seed)
 
     def stored(self, phase: Phase | None = None) -> list[Record]:
         recs = self.db.records(self.entry.workload_id, self.target_key)
@@ -152,7 +153,7 @@ class TaskSession:
                 self.progress.update(1)
                 self.progress.set_postfix_str(self.status(c.phase))
 
-        self.gateway.measure(self.entry.shash, [cands[i].mod for i in todo], on_result=commit)
+        self.measurer.measure(self.entry.shash, [cands[i].mod for i in todo], on_result=commit)
         for i in waiting:
             r, fresh[i] = self._measured_elsewhere(cands[i])
             results[i] = r
@@ -211,11 +212,42 @@ def _args_json(c: Candidate) -> str:
     return json.dumps([to_py(a.as_json()) for a in c.args_info])
 
 
-class TaskTuner:
-    """One task's phases as a state machine: storm until its trials are stored, then raindrop.
+class Retry:
+    """The stored candidates whose failure may not recur (``Record.retry_due``), proposed once to
+    be measured again before anything new (a phase whose results go to no one)."""
 
-    ``step()`` runs one batch (propose, evaluate, tell) so that a scheduler can
-    interleave tasks; a kernel tune simply steps one tuner until it is done.
+    def __init__(self, task: TaskSession) -> None:
+        self.task, self.done = task, False
+
+    def propose(self, limit: int | None = None) -> list[Candidate] | None:
+        if self.done:
+            return None
+        self.done = True
+        cands = []
+        for rec in self.task.stored():
+            if rec.retry_due and (limit is None or len(cands) < limit):
+                try:
+                    cands.append(self.task.candidate_of(rec, rec.phase))
+                except Exception as err:  # noqa: BLE001 - a stored trace that no longer replays stays as it is
+                    log.debug("cannot retry stored record %s: %s", rec.record_id, err)
+        if not cands:
+            return None
+        log.info("%s: measuring %d earlier run timeouts/crashes once more", self.task.kernel.name, len(cands))
+        return cands
+
+    def tell(self, candidates: list[Candidate], results: list[MeasureResult],
+             fresh: Sequence[bool] | None = None) -> None:
+        pass
+
+
+class TaskTuner:
+    """One task's phases in order: earlier failures retried (``Retry``), reuse
+    (``search.reuse_phase.Reuse``), the storm, then the raindrop from the best schedule.
+
+    Each phase is a ``search.phases.SearchPhase``. ``step()`` measures one batch of the current
+    phase (propose, evaluate, tell), starting the next phase where one is over, so that a
+    scheduler can interleave tasks; a kernel tune simply steps one tuner until it is done. A phase
+    is started only when it is reached: the raindrop starts from the best schedule stored then.
     """
 
     def __init__(self, task: TaskSession, *, trials: int, exploit_trials: int, search: SearchOptions | None = None,
@@ -228,7 +260,6 @@ class TaskTuner:
         self.first_batch = first_batch  # size of the task's first storm batch (default: the storm's batch)
         self.reuse_donors = search.reuse if Phase.REUSE in self.phases else 0  # at most this many same-class donors
         self.donor_dbs = tuple(donor_dbs)  # more databases to draw donors from (read only)
-        self.reused = self.reuse_donors <= 0
         # a raindrop without a storm starts from a transfer; where no donor gave one, this many
         # storm samples (the prior's pick of a random pool, where there is a prior) stand in
         self.stand_in = max(1, search.reuse) if Phase.RAINDROP in self.phases and Phase.STORM not in self.phases else 0
@@ -236,51 +267,41 @@ class TaskTuner:
         self.raindrop_config = search.raindrop
         self.storm: Storm | None = None
         self.drop: Raindrop | None = None
+        self.current: SearchPhase | None = None  # the phase measuring now
+        self.next: list[Callable[[], SearchPhase | None]] = [self._retry, self._reuse, self._storm, self._raindrop]
         self.done = False
-        self.rounds = 0
+        self.rounds = 0  # batches measured by reuse, storm and raindrop
         self.extensions = 0  # more budget after it was done (extend)
-        self.retried = False  # stored retryable failures measured once more, before anything new
 
     @property
     def phase(self) -> Phase:
         return Phase.RAINDROP if self.drop is not None else Phase.STORM
 
     def step(self, limit: int | None = None) -> bool:
-        """Measure one batch of at most ``limit`` new candidates; False (and ``done``) once both phases are over."""
+        """Measure one batch of at most ``limit`` new candidates; False (and ``done``) once every phase is over."""
         if self.done:
             return False
-        if not self.retried:
-            self.retried = True
-            if self._retry(limit):
-                return True
-        if self.storm is None:
-            self.storm = self._start_storm()
-        if not self.reused:
-            self.reused = True
-            if self._reuse(limit):
-                return True
-        if self.stand_in and self.drop is None:
-            trials, self.stand_in = self.stand_in, 0
-            if self.extensions or not self.task.db.best(self.task.entry.workload_id, self.task.target_key, k=1):
-                log.info("%s: %s: %d storm samples", self.task.kernel.name,
-                         "extended" if self.extensions else "no transfer to start the raindrop from", trials)
-                self.storm.close()
-                self.storm = self._start_storm(trials)
-        if self.drop is None:
-            caps = [c for c in (limit, self.first_batch if self.rounds == 0 else None) if c]
-            cands = self.storm.propose(limit=min(caps) if caps else None)
+        while True:
+            if self.current is None:
+                if not self.next:
+                    self.finish()
+                    return False
+                self.current = self.next.pop(0)()  # None: a phase with nothing to do
+                continue
+            cands = self.current.propose(self._limit(limit))
             if cands is not None:
-                self.storm.tell(cands, self.task.evaluate(cands), self.task.fresh)
-                self.rounds += 1
-                return True
-            self.drop = self._start_raindrop()
-        cands = self.drop.propose(limit) if self.drop is not None else None
-        if cands is None:
-            self.finish()
-            return False
-        self.drop.tell(cands, self.task.evaluate(cands), self.task.fresh)
-        self.rounds += 1
+                break
+            self.current = None
+        self.current.tell(cands, self.task.evaluate(cands), self.task.fresh)
+        if not isinstance(self.current, Retry):
+            self.rounds += 1
         return True
+
+    def _limit(self, limit: int | None) -> int | None:
+        """A batch's cap: ``limit``, and the first storm batch's size when the storm measures first."""
+        first = self.first_batch if self.rounds == 0 and self.current is self.storm else None
+        caps = [c for c in (limit, first) if c]
+        return min(caps) if caps else None
 
     def finish(self) -> None:
         if not self.done and self.drop is not None and self.drop.moves:
@@ -288,6 +309,7 @@ class TaskTuner:
                      self.drop.history[-1] * 1e6)
         if self.storm is not None:
             self.storm.close()
+        self.current, self.next = None, []
         self.done = True
 
     def extend(self, storm_trials: int, exploit_trials: int) -> None:
@@ -303,47 +325,42 @@ class TaskTuner:
             # once): a few storm samples, then the raindrop from the best of everything
             self.stand_in = max(1, self.reuse_donors)
         self.storm = self.drop = None
+        self.next = [self._storm, self._raindrop]
         self.done = False
 
-    def _retry(self, limit: int | None = None) -> bool:
-        """Measure once more the stored candidates whose failure may not recur (``Record.retry_due``)."""
-        cands = []
-        for rec in self.task.stored():
-            if rec.retry_due and (limit is None or len(cands) < limit):
-                try:
-                    cands.append(self.task.candidate_of(rec, rec.phase))
-                except Exception as err:  # noqa: BLE001 - a stored trace that no longer replays stays as it is
-                    log.debug("cannot retry stored record %s: %s", rec.record_id, err)
-        if not cands:
-            return False
-        log.info("%s: measuring %d earlier run timeouts/crashes once more", self.task.kernel.name, len(cands))
-        self.task.evaluate(cands)
-        return True
+    def _retry(self) -> Retry:
+        return Retry(self.task)
 
-    def _reuse(self, limit: int | None = None) -> bool:
-        """Measure transferred schedules of same-class workloads (out of the storm's budget)."""
-        from stormdrop.search.reuse import chosen_transfers, transfers
+    def _reuse(self) -> SearchPhase | None:
+        """The storm (reuse ranks with its cost model and hands it the transfers), then reuse:
+        out of the storm's budget when there is a storm, else a budget of its own."""
+        from stormdrop.search.reuse_phase import Reuse
 
-        # out of the storm's budget when there is a storm; else its own
+        self.storm = self._start_storm()
+        if self.reuse_donors <= 0:
+            return None
         room = self.storm.remaining if Phase.STORM in self.phases else self.reuse_donors
-        budget = min(self.reuse_donors, room, limit or self.reuse_donors)
-        if budget <= 0:
-            return False
         task = self.task
-        pool = max(1, self.storm_config.transfer_pool) if self.storm.ranks else 1
-        cfg, sketches = self.storm_config, self.storm_config.transfer_sketches
-        groups = transfers(task.db, task.entry, task.target_key, self.storm.ctx.space_generator.postprocs,
-                           limit=budget * pool, others=self.donor_dbs, per_donor=2 if pool > 1 else 1,
-                           order=cfg.donor_order, spaces=self.storm.design_spaces() if sketches else (),
-                           enough=budget if sketches and pool == 1 else 0, sketch_donors=cfg.sketch_donors)
-        if not groups:
-            return False
-        rank = partial(self.storm.predict, learn=False) if pool > 1 else None
-        cands = chosen_transfers(groups, budget, rank, whole=sketches)
-        results = task.evaluate(cands)
-        self.storm.absorb(cands, results, task.fresh)
-        self.rounds += 1
-        return True
+        return Reuse(task.db, task.entry, task.target_key, self.storm, budget=min(self.reuse_donors, room),
+                     donors=self.donor_dbs, config=self.storm_config)
+
+    def _storm(self) -> Storm:
+        """The storm; a raindrop without a storm gets its stand-in samples here, where reuse left
+        it nothing to start from (and after an extension)."""
+        if self.storm is None:
+            self.storm = self._start_storm()
+        if self.stand_in:
+            trials, self.stand_in = self.stand_in, 0
+            if self.extensions or not self.task.db.best(self.task.entry.workload_id, self.task.target_key, k=1):
+                log.info("%s: %s: %d storm samples", self.task.kernel.name,
+                         "extended" if self.extensions else "no transfer to start the raindrop from", trials)
+                self.storm.close()
+                self.storm = self._start_storm(trials)
+        return self.storm
+
+    def _raindrop(self) -> Raindrop | None:
+        self.drop = self._start_raindrop()
+        return self.drop
 
     def _start_storm(self, trials: int | None = None) -> Storm:
         """The task's storm, told the stored measurements, with ``trials`` (default: what is left of

@@ -24,7 +24,7 @@ def verify_bests(tasks: Sequence[TaskSession], k: int = 8) -> None:
     ``fallbacks``: how many better records failed (said in the table and the JSON). A record that
     fails for good (a wrong result, a build or run error: not a timeout) is stored as failed, so it is
     never a best again: the next run, and ``bench``, start from the next one. At most ``k`` tried a
-    task; round r measures the r-th try of every task not yet verified, tasks sharing a gateway in
+    task; round r measures the r-th try of every task not yet verified, tasks sharing a measurer in
     one batch.
 
     An imported time is not trusted over its re-measurement: a record imported from another tuner
@@ -37,18 +37,18 @@ def verify_bests(tasks: Sequence[TaskSession], k: int = 8) -> None:
     spare: dict[int, tuple[Record, MeasureResult, int]] = {}  # task -> a checked record slower than stored
     waiting = list(range(len(tasks)))
     while waiting:
-        batches: dict[int, list[tuple[int, Record, tvm.IRModule]]] = {}  # id(gateway) -> (task, record, module)
+        batches: dict[int, list[tuple[int, Record, tvm.IRModule]]] = {}  # id(measurer) -> (task, record, module)
         for i in waiting:
             tried = _next_replayable(tasks[i], records[i], rank[i])
             rank[i] = tried[0]
             if tried[1] is not None:
-                batches.setdefault(id(tasks[i].gateway), []).append((i, tried[1], tried[2]))
+                batches.setdefault(id(tasks[i].measurer), []).append((i, tried[1], tried[2]))
             elif i in spare:
                 _settle(tasks[i], *spare.pop(i))
         waiting = []
         for batch in batches.values():
-            gateway = tasks[batch[0][0]].gateway
-            checks = gateway.measure([tasks[i].entry.shash for i, _, _ in batch], [mod for _, _, mod in batch])
+            measurer = tasks[batch[0][0]].measurer
+            checks = measurer.measure([tasks[i].entry.shash for i, _, _ in batch], [mod for _, _, mod in batch])
             for (i, rec, _), check in zip(batch, checks):
                 if check.ok and rec.imported and check.mean > UNTRUSTED * rec.result.mean:
                     tasks[i].db.commit_remeasure(rec, check, time.time(), tool_versions())
@@ -80,7 +80,7 @@ def _next_replayable(task: TaskSession, records: list[Record], rank: int) -> tup
 def _settle(task: TaskSession, rec: Record, check: MeasureResult, rank: int) -> bool:
     """The task's result from a verified record (True), or the record's failure noted (False)."""
     if check.ok:
-        config = getattr(task.gateway, "config", None)
+        config = getattr(task.measurer, "config", None)
         task.result.latency_s = check.mean
         task.result.verified = config is None or config.check_correctness
         task.result.trace_json = rec.trace_json

@@ -189,7 +189,7 @@ def test_run_timeouts_and_crashes_are_retried_once_by_the_next_run(tmp_path, tra
 
     from stormdrop.records import MeasureResult
     from stormdrop.search.space import Candidate
-    from stormdrop.tuning.task import TaskSession, TaskTuner
+    from stormdrop.tuning.task import Retry, TaskSession, TaskTuner
     from stormdrop.workloads import Kernel
 
     mod = matmul_mod()
@@ -207,7 +207,7 @@ def test_run_timeouts_and_crashes_are_retried_once_by_the_next_run(tmp_path, tra
         # the next run: the two retryable ones are measured again (one now runs, one times out again)
         again = ScriptedGateway([MeasureResult(run_secs=(1e-3, 1e-3)), fail(ErrorKind.RUN_TIMEOUT, "no answer")])
         session = TaskSession(db, again, kernel, TARGET, 0)
-        assert TaskTuner(session, trials=0, exploit_trials=0, search=SearchOptions(reuse=0))._retry()
+        assert TaskTuner(session, trials=0, exploit_trials=0, search=SearchOptions(reuse=0)).step()
         recs = db.records(wid)
         assert again.calls == 2 and [r.attempts for r in recs] == [2, 2, 1]
         assert recs[0].result.ok and recs[1].result.error == ErrorKind.RUN_TIMEOUT
@@ -217,7 +217,7 @@ def test_run_timeouts_and_crashes_are_retried_once_by_the_next_run(tmp_path, tra
 
         # and the run after that retries nothing
         last = ScriptedGateway([])
-        assert not TaskTuner(TaskSession(db, last, kernel, TARGET, 0), trials=0, exploit_trials=0, search=SearchOptions(reuse=0))._retry()
+        assert Retry(TaskSession(db, last, kernel, TARGET, 0)).propose() is None
         assert last.calls == 0
 
 

@@ -115,7 +115,7 @@ def _load_script(rel: str):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / rel
+    path = Path(__file__).resolve().parents[2] / rel
     spec = importlib.util.spec_from_file_location(path.stem, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -66,7 +66,7 @@ def test_innermost_and_small_reductions_keep_tvms_legalization(axes, shape):
 
 def test_permutes_that_undo_each_other_are_folded():
     """ConvNeXt permutes to NHWC for its LayerNorm and back; in NHWC those pairs cancel."""
-    model = load_model(str(__import__("pathlib").Path(__file__).parent / "fixtures" / "exports" / "tv_convnext.onnx"))
+    model = load_model(str(__import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures" / "exports" / "tv_convnext.onnx"))
     permute = tvm.ir.Op.get("relax.permute_dims")
     with TARGET:
         mod = convert_layout(relax.transform.CanonicalizeBindings()(model.mod), TARGET, "nhwc")

@@ -45,12 +45,12 @@ def test_the_warm_up_counts_in_the_time_kept_for_a_candidate_only_until_others_a
     with Gateway(host_target(), MeasureConfig(repeat=2, min_repeat_ms=1, builders=1)) as gw:
         gw.prepare(KEY, kernel.mod)
         gw.measure(KEY, [kernel.mod])
-        s = gw.stats
-        assert (s["first_built"], s["built"], s["first_measured"], s["measured"]) == (1, 0, 1, 0)
-        assert gw.candidate_s() == (s["first_builder_s"], s["first_run_s"]) and min(gw.candidate_s()) > 0
+        c = gw.costs
+        assert (c.first_builds.count, c.builds.count, c.first_runs.count, c.runs.count) == (1, 0, 1, 0)
+        assert gw.candidate_s() == (c.first_builds.seconds, c.first_runs.seconds) and min(gw.candidate_s()) > 0
         gw.measure(KEY, [kernel.mod, kernel.mod])
-        assert (s["first_built"], s["built"], s["first_measured"], s["measured"]) == (1, 2, 1, 2)
-        assert gw.candidate_s() == (s["builder_s"] / 2, s["run_s"] / 2)
+        assert (c.first_builds.count, c.builds.count, c.first_runs.count, c.runs.count) == (1, 2, 1, 2)
+        assert gw.candidate_s() == (c.builds.seconds / 2, c.runs.seconds / 2)
 
 
 def test_one_batch_measures_the_candidates_of_several_workloads_each_against_its_own_reference(gateway, kernel):
@@ -131,11 +131,11 @@ def test_a_runner_grown_past_its_memory_limit_is_restarted_and_still_checks(kern
         results = gw.measure(KEY, [kernel.mod, wrong, kernel.mod])
         assert [r.ok for r in results] == [True, False, True]
         assert results[1].error is ErrorKind.WRONG_RESULT  # references made again by the new runner
-        assert gw.stats["runner_restarts"] == 3 and gw._runners[0].worker.generation == first + 2
+        assert gw.costs.runner_restarts == 3 and gw._runners[0].worker.generation == first + 2
     with Gateway(host_target(), MeasureConfig(repeat=2, min_repeat_ms=1)) as gw:  # default: no restart
         gw.prepare(KEY, kernel.mod)
         gw.measure(KEY, [kernel.mod, kernel.mod])
-        assert gw.stats["runner_restarts"] == 0
+        assert gw.costs.runner_restarts == 0
 
 
 def _listening_addresses(pids):

@@ -143,7 +143,6 @@ def test_a_time_budget_covers_the_verification_and_compile_after_the_search(monk
     from stormdrop.tuning import budget, driver
 
     clock = [0.0]
-    monkeypatch.setattr(driver.time, "monotonic", lambda: clock[0])
     gateway = _one_builder(5.0, 5.0)
 
     def verify(sessions):
@@ -152,7 +151,7 @@ def test_a_time_budget_covers_the_verification_and_compile_after_the_search(monk
     monkeypatch.setattr(driver, "verify_bests", verify)
     sessions = [_Session(math.inf) for _ in range(3)]
     for s in sessions:
-        s.gateway = gateway
+        s.measurer = gateway
     tuners = [_Tuner(s) for s in sessions]
     for t in tuners:
         step = t.step
@@ -162,7 +161,7 @@ def test_a_time_budget_covers_the_verification_and_compile_after_the_search(monk
             clock[0] += 10.0
 
         t.step = timed
-    stopped = driver.drive(tuners, sessions, [1, 1, 1], budget.Budget(deadline=100.0, builds_after=3))
+    stopped = driver.drive(tuners, sessions, [1, 1, 1], budget.Budget(deadline=100.0, builds_after=3, clock=lambda: clock[0]))
     assert stopped == "the time budget"
     assert sum(driver.measured(s) for s in sessions) == 5 * 4  # steps started at 0, 10, 20, 30 and 40 s
     assert clock[0] + 3 * 5.0 <= 100.0  # verified and compiled by the deadline
@@ -176,12 +175,11 @@ def test_a_time_budget_reaches_every_task_before_its_reserve_stops_the_search(mo
     from stormdrop.tuning import budget, driver
 
     clock = [0.0]
-    monkeypatch.setattr(driver.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(driver, "verify_bests", lambda sessions: None)
     gateway = _one_builder(30.0, 30.0)
     sessions = [_Session(math.inf) for _ in range(5)]
     for s in sessions:
-        s.gateway = gateway
+        s.measurer = gateway
     tuners = [_Tuner(s) for s in sessions]
     for t in tuners:
         def timed(limit=None, step=t.step):
@@ -189,7 +187,7 @@ def test_a_time_budget_reaches_every_task_before_its_reserve_stops_the_search(mo
             clock[0] += 10.0
 
         t.step = timed
-    stopped = driver.drive(tuners, sessions, [1] * 5, budget.Budget(deadline=120.0, builds_after=5))
+    stopped = driver.drive(tuners, sessions, [1] * 5, budget.Budget(deadline=120.0, builds_after=5, clock=lambda: clock[0]))
     assert stopped == "the time budget"
     measured = [driver.measured(s) for s in sessions]
     assert measured[0] == 4 and min(measured) >= 1  # one round each (the later ones shrunk), then it stops
@@ -203,12 +201,11 @@ def test_first_rounds_that_cannot_all_fit_shrink_so_the_run_ends_by_its_deadline
     from stormdrop.tuning import budget, driver
 
     clock = [0.0]
-    monkeypatch.setattr(driver.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(driver, "verify_bests", lambda sessions: clock.__setitem__(0, clock[0] + len(sessions)))
     gateway = _one_builder(0.5, 0.5)
     sessions = [_Session(math.inf) for _ in range(10)]
     for s in sessions:
-        s.gateway = gateway
+        s.measurer = gateway
     tuners = [_Tuner(s, batch=8) for s in sessions]
     for t in tuners:
         def timed(limit=None, step=t.step, t=t):
@@ -217,7 +214,7 @@ def test_first_rounds_that_cannot_all_fit_shrink_so_the_run_ends_by_its_deadline
             clock[0] += 2.0 * (driver.measured(t.session) - before)
 
         t.step = timed
-    stopped = driver.drive(tuners, sessions, [1] * 10, budget.Budget(deadline=100.0, builds_after=10))
+    stopped = driver.drive(tuners, sessions, [1] * 10, budget.Budget(deadline=100.0, builds_after=10, clock=lambda: clock[0]))
     assert stopped == "the time budget"
     measured = [driver.measured(s) for s in sessions]
     assert measured[0] == 8 and min(measured) >= 1 and sum(measured) < 10 * 8  # as measured: [8, 8, 2, ..., 2, 8, 1]
@@ -252,7 +249,6 @@ def test_an_extension_starts_only_if_a_step_as_long_as_the_last_extension_fits(m
     from stormdrop.tuning import budget, driver
 
     clock = [0.0]
-    monkeypatch.setattr(driver.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(driver, "verify_bests", lambda sessions: None)
 
     class Extensible(_Tuner):
@@ -270,7 +266,7 @@ def test_an_extension_starts_only_if_a_step_as_long_as_the_last_extension_fits(m
 
     sessions = [_Session(math.inf), _Session(math.inf)]
     tuners = [Extensible(s) for s in sessions]
-    stopped = driver.drive(tuners, sessions, [2, 1], budget.Budget(deadline=70.5, extend=True))
+    stopped = driver.drive(tuners, sessions, [2, 1], budget.Budget(deadline=70.5, extend=True, clock=lambda: clock[0]))
     assert stopped == "the time budget"
     assert clock[0] == 41.0  # two first steps, one extension (30 s + 9 x 1 s), no second one
     assert [driver.measured(s) for s in sessions] == [4 * 11, 4]

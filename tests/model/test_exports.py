@@ -21,7 +21,7 @@ from stormdrop.target import parse_target
 from stormdrop.workloads.models import load_model
 
 TARGET = parse_target(None)
-FIXTURES = Path(__file__).parent / "fixtures" / "exports"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "exports"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 
 
