@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 import tvm
@@ -11,6 +13,12 @@ from dbutil import TARGET, matmul_mod
 
 from stormdrop.tvm_compat.intrinsics import load_tensor_intrinsics
 from stormdrop.tvm_compat.trace_json import trace_to_json
+
+# The test folders mirror the packages; a test module imports another's helpers by module name
+# (``from test_model import tiny_net``) whichever folder each is in and whatever order they are collected in.
+for _folder in sorted(p for p in Path(__file__).resolve().parent.iterdir() if p.is_dir()):
+    if any(_folder.glob("test_*.py")) and str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 # No shipped schedule hub in the tests (subprocesses included): what a test tunes and counts must not
 # depend on whether this machine's ISA class has a hub. tests/storage/test_hub.py opts in.
