@@ -56,6 +56,12 @@ class MeasureCosts:
         return kernels * _mean(self.codegen, self.first_codegen)
 
 
+def batch_s(n: int, builders: int, build_s: float, run_s: float) -> float:
+    """Wall seconds to measure ``n`` candidates in one batch: ``builders`` build them side by side
+    (``build_s`` each), then each is run alone (``run_s``)."""
+    return -(-n // max(1, builders)) * build_s + n * run_s
+
+
 def _mean(tally: Tally, warm_up: Tally) -> float:
     if tally.count:
         return tally.seconds / tally.count

@@ -30,7 +30,7 @@ import tvm
 from tvm.target import Target
 
 from stormdrop.errors import MeasureError, one_line
-from stormdrop.measure.costs import MeasureCosts
+from stormdrop.measure.costs import MeasureCosts, batch_s
 from stormdrop.measure.memory import process_rss_mb, runner_memory_limit_mb
 from stormdrop.measure.timing_lock import timing
 from stormdrop.measure.tracker import RpcConfig, devices_to_start, free_devices
@@ -162,8 +162,7 @@ class Gateway:
     def batch_s(self, n: int) -> float:
         """Wall seconds to measure ``n`` candidates in one batch (``candidate_s``): the builders
         build them side by side, then each is timed alone."""
-        build, run = self.candidate_s()
-        return -(-n // len(self._builders)) * build + n * run
+        return batch_s(n, len(self._builders), *self.candidate_s())
 
     def compile_s(self, kernels: int) -> float:
         """Seconds to compile ``kernels`` kernels into a model: ``tvm.build``'s own time of a

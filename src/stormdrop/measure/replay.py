@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 import tvm
 import tvm_ffi
 
+from stormdrop.measure.costs import batch_s
 from stormdrop.measure.gateway import MeasureConfig
 from stormdrop.records import ErrorKind, MeasureResult
 
@@ -80,7 +81,6 @@ def recorded(db: object, target: str, missing: MeasureResult | None = None) -> A
     def answer(key: str, mod: tvm.IRModule) -> MeasureResult:
         return table.get((key, module_hash(mod)), otherwise)
 
-    answer.table = table  # type: ignore[attr-defined]
     return answer
 
 
@@ -123,8 +123,7 @@ class ReplayMeasurer:
         return (self.build_s, self.run_s) if self.asked else (0.0, 0.0)
 
     def batch_s(self, n: int) -> float:
-        build, run = self.candidate_s()
-        return -(-n // self.builders) * build + n * run
+        return batch_s(n, self.builders, *self.candidate_s())
 
     def compile_s(self, kernels: int) -> float:
         return kernels * self.candidate_s()[0]
