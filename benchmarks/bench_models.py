@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 
+WARM_UP_MS = 40.0  # --warm-up on: each candidate's untimed warm-up runs (MeasureConfig.warmup_ms)
 MODELS = ["resnet18", "mobilenet_v2", "bert_base", "squeezenet1_0", "resnet50", "mnasnet1_0"]
 HEADER = ["model", "tasks", "untuned ms", "ONNX Runtime ms", "OpenVINO ms", "stormdrop ms", "tuning s", "MS same ms",
           "tuning s", "MS 3x ms", "tuning s", "ratio MS-same/stormdrop", "ratio MS-3x/stormdrop", "ratio ORT/stormdrop",
@@ -59,6 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache-flush", default="auto", choices=["auto", "off", "on", "ab"],
                    help="stormdrop times candidates with the caches flushed (auto: the library's default, on "
                         "for CPUs), or tunes twice, without and with, both timed in turns with the peers (ab)")
+    p.add_argument("--warm-up", default="off", choices=["on", "off", "ab"],
+                   help=f"stormdrop runs each candidate untimed for {WARM_UP_MS:.0f} ms before its samples (on), "
+                        "not (off, the library's default), or tunes both ways, timed in turns with the peers (ab)")
     p.add_argument("--storm-split", default="share", choices=["share", "half"],
                    help="A/B of issue 40: 'half' gives every task's storm half its per-task cap whatever the "
                         "global --trials (the split before: no raindrop under a small cap)")
@@ -140,15 +144,17 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             os.makedirs(args.keep_db, exist_ok=True)
             db_path = os.path.join(args.keep_db, f"{os.path.basename(name)}.db")  # (a path: its file name)
 
+        warmup_ms = 0.0 if args.warm_up == "off" else WARM_UP_MS
+
         def tune(db: str, cache_flush: bool | None, untuned: bool = False, lowering: Lowering = lowering,
-                 hub: bool = args.hub != "off"):
+                 hub: bool = args.hub != "off", warmup_ms: float = warmup_ms):
             return tune_model(model,
                               ModelOptions(trials=None if args.time_budget else args.trials,
                                            trials_per_task=args.trials_per_task, time_budget=args.time_budget,
                                            seed=args.seed, lowering=lowering, untuned=untuned,
                                            search=SearchOptions(hub=hub),
                                            in_model_candidates=args.in_model_candidates,
-                                           measure=MeasureConfig(cache_flush=cache_flush)),
+                                           measure=MeasureConfig(cache_flush=cache_flush, warmup_ms=warmup_ms)),
                               target=target, db=db)
 
         t0 = time.monotonic()
@@ -176,20 +182,24 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             out["untuned_s"] = r.latency_s["untuned"]
         except Exception as err:  # noqa: BLE001 - a failure is a cell
             out["stormdrop"] = {"status": f"failed: {short(err)}", "tuning_s": time.monotonic() - t0}
-        # A/B arms: (key, its tuning's measure config, its lowering, its hub), tuned and timed like stormdrop's
+        # A/B arms: (key, its cache flush, its lowering, its hub, its warm-up), tuned and timed like stormdrop's
         flush = {"auto": None, "on": True}.get(args.cache_flush, False)
         arms = []
         if args.cache_flush == "ab":  # the same tuning, candidates timed with the caches flushed
-            arms.append(("cold_tuned", True, lowering, args.hub != "off"))
+            arms.append(("cold_tuned", True, lowering, args.hub != "off", warmup_ms))
         if args.pad_attention == "ab":  # the same tuning, attentions at their own length
-            arms.append(("unpadded", flush, dataclasses.replace(lowering, pad_attention=False), args.hub != "off"))
+            arms.append(("unpadded", flush, dataclasses.replace(lowering, pad_attention=False), args.hub != "off",
+                         warmup_ms))
         if args.pad_rows == "ab":  # the same tuning, matrix products at their own row count
-            arms.append(("unpadded_rows", flush, dataclasses.replace(lowering, pad_rows=False), args.hub != "off"))
+            arms.append(("unpadded_rows", flush, dataclasses.replace(lowering, pad_rows=False), args.hub != "off",
+                         warmup_ms))
         if args.hub == "ab":  # the same tuning without the schedule hub
-            arms.append(("no_hub", flush, lowering, False))
-        for key, cache_flush, arm_lowering, arm_hub in arms:
+            arms.append(("no_hub", flush, lowering, False, warmup_ms))
+        if args.warm_up == "ab":  # the same tuning, candidates timed straight from idle
+            arms.append(("no_warm_up", flush, lowering, args.hub != "off", 0.0))
+        for key, cache_flush, arm_lowering, arm_hub, arm_warmup_ms in arms:
             arm_db = db_path.replace(".db", "") + f".{key}.db" if args.keep_db else os.path.join(tmp, f"{key}.sqlite")
-            ra = tune(arm_db, cache_flush, lowering=arm_lowering, hub=arm_hub)
+            ra = tune(arm_db, cache_flush, lowering=arm_lowering, hub=arm_hub, warmup_ms=arm_warmup_ms)
             with Database(arm_db) as db:
                 ex_arm, rows_arm = tuned_build(model, db, target, arm_lowering)
             task_times_in_model(ex_arm, inputs, target, rows_arm)
@@ -273,7 +283,9 @@ _ARMS = {"cold_tuned": ("tuned with the caches flushed (--cache-flush", "tuned w
                       False, "unpadded"),
          "unpadded_rows": ("tuned with matrix products at their own row count (--pad-rows ab", "padded rows",
                            "unpadded / padded", False, "unpadded rows"),
-         "no_hub": ("tuned without the schedule hub (--hub ab", "with the hub", "no hub / hub", False, "no hub")}
+         "no_hub": ("tuned without the schedule hub (--hub ab", "with the hub", "no hub / hub", False, "no hub"),
+         "no_warm_up": ("tuned with candidates timed straight from idle (--warm-up ab", "warmed up",
+                        "no warm-up / warm-up", False, "no warm-up")}
 
 
 def row(r: dict) -> list[str]:
@@ -344,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
              f"- machine: {machine()}; target: `{canonical(target)}`", f"- command: `{' '.join(sys.argv)}`"
              + (f" (rows {', '.join(sorted(done))} from the earlier run that wrote {args.merge_json}: "
                 f"`{earlier['command']}`)" if args.merge_json else ""),
-             f"- {size}; stormdrop layout {args.layout}, winograd {args.winograd}, cache flush {args.cache_flush}, "
+             f"- {size}; stormdrop layout {args.layout}, winograd {args.winograd}, cache flush {args.cache_flush}, warm-up {args.warm_up}, "
              f"storm split {args.storm_split}, schedule hub {args.hub} ({_hub_name(target)}); "
              + (f"time budget {args.time_budget:.0f} s (per-task cap {args.trials_per_task} extended while time is "
                 "left; MetaSchedule 'same' = the trials stormdrop measured); "

@@ -98,7 +98,7 @@ def _raindrop_config(args: argparse.Namespace):
 def _measure_config(args: argparse.Namespace):
     from stormdrop.measure.gateway import MeasureConfig
 
-    return MeasureConfig(repeat=max(1, args.repeat), min_repeat_ms=args.min_repeat_ms,
+    return MeasureConfig(repeat=max(1, args.repeat), min_repeat_ms=args.min_repeat_ms, warmup_ms=args.warmup_ms,
                          cache_flush=args.cache_flush, build_timeout_s=args.build_timeout,
                          run_timeout_s=args.run_timeout, rpc=_rpc(args), rpc_devices=args.rpc_devices)
 

@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--repeat", type=_positive(int, 1), default=5,
                    help="timed samples per candidate (at least 2: the raindrop's t-test compares them)")
     t.add_argument("--min-repeat-ms", type=_positive(float), default=20.0)
+    t.add_argument("--warmup-ms", type=_positive(float), default=0.0,
+                   help="each candidate runs untimed for this long before its samples, the cores busy as "
+                        "inside a model (default 0: off)")
     t.add_argument("--cache-flush", action=argparse.BooleanOptionalAction, default=None,
                    help="time each sample with the CPU caches flushed of the kernel's weights and output, as "
                         "inside a model (default: on for --model on a CPU, off for --kernel)")

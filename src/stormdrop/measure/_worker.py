@@ -229,8 +229,8 @@ class _RunnerState:
         return self._on_device(self._reference, key, mod_json, seed)
 
     def run(self, key: str, built: dict, number: int, repeat: int, min_repeat_ms: float,
-            cache_flush: bool, check: bool) -> dict:
-        return self._on_device(self._run, key, built, number, repeat, min_repeat_ms, cache_flush, check)
+            cache_flush: bool, check: bool, warmup_ms: float = 0.0) -> dict:
+        return self._on_device(self._run, key, built, number, repeat, min_repeat_ms, cache_flush, check, warmup_ms)
 
     def _reference(self, key: str, mod_json: str, seed: int) -> list[list[Any]]:
         """Random inputs for ``key`` and the outputs of its untuned (or reference) build."""
@@ -295,7 +295,7 @@ class _RunnerState:
         return args, [i if kind == "arg" else -1 for kind, i in plan["args"]]
 
     def _run(self, key: str, built: dict, number: int, repeat: int, min_repeat_ms: float,
-             cache_flush: bool, check: bool) -> dict:
+             cache_flush: bool, check: bool, warmup_ms: float = 0.0) -> dict:
         import numpy as np
 
         rt_mod = self._load(built["timed"])
@@ -325,6 +325,7 @@ class _RunnerState:
             return {"wrong": wrong}
         if cache_flush:  # TVM flushes once per repeat: every sample must be one cold run
             number, min_repeat_ms = 1, 0
+        _warm_up(rt_mod["main"], args, self.dev, warmup_ms)
         evaluator = rt_mod.time_evaluator(
             "main", self.dev, number=int(number), repeat=int(repeat), min_repeat_ms=int(min_repeat_ms),
             f_preproc="cache_flush_cpu_non_first_arg" if cache_flush else "",
@@ -333,6 +334,20 @@ class _RunnerState:
         if self.session is not None:
             self.session.remove(os.path.basename(built["timed"]))
         return {"run_secs": secs}
+
+
+def _warm_up(func: Any, args: list, dev: Any, ms: float) -> None:
+    """Run ``func`` back to back for at least ``ms`` milliseconds (at least once when ``ms`` > 0),
+    each run waited for: the cores leave their idle state before the timed samples, as inside a
+    model whose kernels run back to back (``MeasureConfig.warmup_ms``)."""
+    if ms <= 0:
+        return
+    end = time.perf_counter() + ms / 1e3
+    while True:
+        func(*args)
+        dev.sync()
+        if time.perf_counter() >= end:
+            return
 
 
 def _die_with(parent: int) -> None:

@@ -48,12 +48,18 @@ class MeasureConfig:
     ``cache_flush``: every sample one run after the CPU caches were flushed of the kernel's
     weights and output (its input stays: a model's previous kernel just wrote it), as a kernel
     runs inside a model, where the other kernels' weights have evicted its own; None: on for a
-    model's tasks on a CPU, off for a kernel tuned alone (``for_models``)."""
+    model's tasks on a CPU, off for a kernel tuned alone (``for_models``).
+
+    ``warmup_ms``: each candidate first runs back to back for this long, untimed, so that its
+    samples are taken with the cores busy, as inside a model that runs its kernels back to back,
+    not from idle (0: off, the default; RESULTS "Warm-up runs": 40 ms cost a model's tuning a
+    third of its candidates and did not pay for them)."""
 
     number: int = 1
     repeat: int = 5
     min_repeat_ms: float = 20.0
     cache_flush: bool | None = None
+    warmup_ms: float = 0.0
     build_timeout_s: float = 60.0
     run_timeout_s: float = 30.0
     check_correctness: bool = True
@@ -213,7 +219,8 @@ class Gateway:
 
     def _run_payload(self, key: str, built: dict) -> tuple:
         cfg = self.config
-        return (key, built, cfg.number, cfg.repeat, cfg.min_repeat_ms, bool(cfg.cache_flush), cfg.check_correctness)
+        return (key, built, cfg.number, cfg.repeat, cfg.min_repeat_ms, bool(cfg.cache_flush), cfg.check_correctness,
+                cfg.warmup_ms)
 
     def _run(self, key: str, built: dict) -> MeasureResult:
         cfg, runner = self.config, self._runners[0]
