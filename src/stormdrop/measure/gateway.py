@@ -52,8 +52,8 @@ class MeasureConfig:
 
     ``warmup_ms``: each candidate first runs back to back for this long, untimed, so that its
     samples are taken with the cores busy, as inside a model that runs its kernels back to back,
-    not from idle (0: off, the default; RESULTS "Warm-up runs": 40 ms cost a model's tuning a
-    third of its candidates and did not pay for them)."""
+    not from idle (0: off, the default: in RESULTS' A/B the candidates it cost outweighed the
+    steadier timing, "Warm-up runs")."""
 
     number: int = 1
     repeat: int = 5
