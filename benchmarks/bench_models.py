@@ -182,26 +182,25 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             out["untuned_s"] = r.latency_s["untuned"]
         except Exception as err:  # noqa: BLE001 - a failure is a cell
             out["stormdrop"] = {"status": f"failed: {short(err)}", "tuning_s": time.monotonic() - t0}
-        # A/B arms: (key, its cache flush, its lowering, its hub, its warm-up), tuned and timed like stormdrop's
-        flush = {"auto": None, "on": True}.get(args.cache_flush, False)
+        # A/B arms: (key, what its tuning changes), each tuned and timed like stormdrop's
         arms = []
         if args.cache_flush == "ab":  # the same tuning, candidates timed with the caches flushed
-            arms.append(("cold_tuned", True, lowering, args.hub != "off", warmup_ms))
+            arms.append(("cold_tuned", {"cache_flush": True}))
         if args.pad_attention == "ab":  # the same tuning, attentions at their own length
-            arms.append(("unpadded", flush, dataclasses.replace(lowering, pad_attention=False), args.hub != "off",
-                         warmup_ms))
+            arms.append(("unpadded", {"lowering": dataclasses.replace(lowering, pad_attention=False)}))
         if args.pad_rows == "ab":  # the same tuning, matrix products at their own row count
-            arms.append(("unpadded_rows", flush, dataclasses.replace(lowering, pad_rows=False), args.hub != "off",
-                         warmup_ms))
+            arms.append(("unpadded_rows", {"lowering": dataclasses.replace(lowering, pad_rows=False)}))
         if args.hub == "ab":  # the same tuning without the schedule hub
-            arms.append(("no_hub", flush, lowering, False, warmup_ms))
+            arms.append(("no_hub", {"hub": False}))
         if args.warm_up == "ab":  # the same tuning, candidates timed straight from idle
-            arms.append(("no_warm_up", flush, lowering, args.hub != "off", 0.0))
-        for key, cache_flush, arm_lowering, arm_hub, arm_warmup_ms in arms:
+            arms.append(("no_warm_up", {"warmup_ms": 0.0}))
+        for key, changes in arms:
+            arm = {"cache_flush": {"auto": None, "on": True}.get(args.cache_flush, False), "lowering": lowering,
+                   **changes}
             arm_db = db_path.replace(".db", "") + f".{key}.db" if args.keep_db else os.path.join(tmp, f"{key}.sqlite")
-            ra = tune(arm_db, cache_flush, lowering=arm_lowering, hub=arm_hub, warmup_ms=arm_warmup_ms)
+            ra = tune(arm_db, **arm)
             with Database(arm_db) as db:
-                ex_arm, rows_arm = tuned_build(model, db, target, arm_lowering)
+                ex_arm, rows_arm = tuned_build(model, db, target, arm["lowering"])
             task_times_in_model(ex_arm, inputs, target, rows_arm)
             timers[key] = model_timer(ex_arm, inputs, target)
             out[key] = {"tuning_s": ra.tuning_s, "trials": sum(sum(t.trials.values()) - t.trials["failed"]

@@ -229,7 +229,7 @@ class _RunnerState:
         return self._on_device(self._reference, key, mod_json, seed)
 
     def run(self, key: str, built: dict, number: int, repeat: int, min_repeat_ms: float,
-            cache_flush: bool, check: bool, warmup_ms: float = 0.0) -> dict:
+            cache_flush: bool, check: bool, warmup_ms: float) -> dict:
         return self._on_device(self._run, key, built, number, repeat, min_repeat_ms, cache_flush, check, warmup_ms)
 
     def _reference(self, key: str, mod_json: str, seed: int) -> list[list[Any]]:
@@ -295,7 +295,7 @@ class _RunnerState:
         return args, [i if kind == "arg" else -1 for kind, i in plan["args"]]
 
     def _run(self, key: str, built: dict, number: int, repeat: int, min_repeat_ms: float,
-             cache_flush: bool, check: bool, warmup_ms: float = 0.0) -> dict:
+             cache_flush: bool, check: bool, warmup_ms: float) -> dict:
         import numpy as np
 
         rt_mod = self._load(built["timed"])
