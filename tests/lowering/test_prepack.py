@@ -44,11 +44,11 @@ def test_the_timed_function_is_the_kernel_on_packed_weights_and_is_what_is_check
 
     runner = _worker._RunnerState(target, None)
     runner.reference("k", tvm.ir.save_json(kernel.mod), 0)
-    ok = runner.run("k", built, 1, 3, 0, False, True)
+    ok = runner.run("k", built, 1, 3, 0, False, True, 0)
     assert "run_secs" in ok and len(ok["run_secs"]) == 3, ok
     # the check runs `main` itself on weights that `pack` packed from the inputs: zero weights
     # under the real weights' reference make it fail, though the same library ran above
     runner.inputs["k0"] = [np.zeros_like(a) if i in plan["inputs"] else a for i, a in enumerate(runner.inputs["k"])]
     runner.expected["k0"], runner.outputs["k0"] = runner.expected["k"], runner.outputs["k"]
-    bad = runner.run("k0", built, 1, 3, 0, False, True)
+    bad = runner.run("k0", built, 1, 3, 0, False, True, 0)
     assert "wrong" in bad, bad
