@@ -82,6 +82,7 @@ def _build(target: Any, mod_json: str, out_path: str) -> dict:
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
     from stormdrop.lowering.prepack import split
+    from stormdrop.tvm_compat.tir_pipeline import pipeline
 
     def shapes(func: Any) -> list:
         return [[[int(x) for x in a.shape], str(a.dtype)] for a in ArgInfo.from_prim_func(func)]
@@ -96,13 +97,13 @@ def _build(target: Any, mod_json: str, out_path: str) -> dict:
         raise RuntimeError("the weights' layout rewrite could not be split off the kernel, as a model would")
     t0 = time.perf_counter()
     if cut is None:
-        lib = tvm.build(mod, target=target)
+        lib = tvm.build(mod, target=target, pipeline=pipeline())
         built = {"timed": out_path, "args": shapes(mod["main"]), "pack": None, "codegen_s": time.perf_counter() - t0}
         if target.kind.name == "cuda":
             built["cubin_bytes"] = _check_cuda(lib, target)
         lib.export_library(out_path)
         return built
-    lib = tvm.build(tvm.IRModule({"main": cut.compute, "pack": cut.pack}), target=target)
+    lib = tvm.build(tvm.IRModule({"main": cut.compute, "pack": cut.pack}), target=target, pipeline=pipeline())
     codegen_s = time.perf_counter() - t0
     lib.export_library(out_path)
     plan = {"inputs": list(cut.pack_inputs), "outputs": shapes(cut.pack)[len(cut.pack_inputs):],

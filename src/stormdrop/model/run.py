@@ -25,6 +25,7 @@ from stormdrop.measure.tracker import RpcConfig
 from stormdrop.model.runtimes import onnxruntime_timer, openvino_timer
 from stormdrop.tvm_compat.relax_passes import fold_weight_prepacks
 from stormdrop.tvm_compat.runtime import runtime_threads_env
+from stormdrop.tvm_compat.tir_pipeline import pipeline
 from stormdrop.tvm_compat.trace_json import schedule_from_trace_json
 from stormdrop.workloads.models import Model
 
@@ -79,8 +80,9 @@ def apply_records(fused: tvm.IRModule, mdb: Any, target: Target) -> tvm.IRModule
 
 
 def compile_model(fused: tvm.IRModule, mdb: Any, target: Target) -> Any:
-    """Compile the fused module with the database's schedules (``apply_records``)."""
-    return tvm.compile(apply_records(fused, mdb, target), target=target)
+    """Compile the fused module with the database's schedules (``apply_records``), its kernels
+    lowered as the builders lower candidates (``tvm_compat.tir_pipeline``)."""
+    return tvm.compile(apply_records(fused, mdb, target), target=target, tir_pipeline=pipeline())
 
 
 _SESSIONS: dict[tuple, tuple[Any, float]] = {}  # per device key: the process's RPC session, when opened

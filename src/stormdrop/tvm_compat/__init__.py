@@ -8,6 +8,8 @@ edges of TVM 0.27, each in the module of its topic:
 - ``relax_passes``: the ONNX importer's ``Clip``, ``CombineParallelMatmul`` on inline weights,
   ``FoldConstant`` on weight prepacks, ``ConvertLayout`` on negative squeeze axes, the GPU default
   schedule.
+- ``tir_pipeline``: vector loops over element-wise blocks that cross a row of the innermost
+  axis, which TVM's lowering turns into lane-by-lane loads and stores: split first.
 - ``trace_json``: TVM's JSON formats (traces, object graphs), which its decoders crash on
   instead of raising for some inputs (its notes say which).
 - ``nvrtc``: CUDA sources compiled to cubins on the host (its notes say why).
