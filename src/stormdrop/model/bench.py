@@ -107,10 +107,10 @@ def _as_tuned(model: Model, db: Database, target: Target, lowering: Lowering) ->
 
 
 def tuned_build(model: Model, db: Database, target: Target, lowering: Lowering | None = None,
-                deployed: bool = True) -> tuple[Any, list[TaskRow]]:
+                deployed: bool = True, tir_pipeline: str | None = None) -> tuple[Any, list[TaskRow]]:
     """The model compiled with every task's deployed record (``deployed_keys``; ``deployed=False``
     or none noted: the best stored one that stormdrop checked, never an unchecked import), and one row per
-    task (``lowering``: as the model was tuned)."""
+    task (``lowering``: as the model was tuned; ``tir_pipeline``: as ``compile_model`` takes it)."""
     key = canonical(target)
     fused, tasks = _as_tuned(model, db, target, lowering or Lowering())
     chosen = deployed_keys(db, model.name, key) if deployed else {}
@@ -137,7 +137,7 @@ def tuned_build(model: Model, db: Database, target: Target, lowering: Lowering |
     if unchecked:
         log.warning("%s: %d task(s) hold only imported records, never checked by stormdrop: compiled "
                     "with TVM's default schedule (`stormdrop tune --model` checks them)", model.name, unchecked)
-    return compile_model(fused, mdb, target), rows
+    return compile_model(fused, mdb, target, tir_pipeline), rows
 
 
 def task_times_in_model(ex: Any, inputs: dict, target: Target, rows: list[TaskRow]) -> None:

@@ -79,10 +79,11 @@ def apply_records(fused: tvm.IRModule, mdb: Any, target: Target) -> tvm.IRModule
     return mod
 
 
-def compile_model(fused: tvm.IRModule, mdb: Any, target: Target) -> Any:
+def compile_model(fused: tvm.IRModule, mdb: Any, target: Target, tir_pipeline: str | None = None) -> Any:
     """Compile the fused module with the database's schedules (``apply_records``), its kernels
-    lowered as the builders lower candidates (``tvm_compat.tir_pipeline``)."""
-    return tvm.compile(apply_records(fused, mdb, target), target=target, tir_pipeline=pipeline())
+    lowered as the builders lower candidates (``tvm_compat.tir_pipeline``; ``tir_pipeline``:
+    another TIR pipeline by name, ``"default"`` for TVM's own)."""
+    return tvm.compile(apply_records(fused, mdb, target), target=target, tir_pipeline=tir_pipeline or pipeline())
 
 
 _SESSIONS: dict[tuple, tuple[Any, float]] = {}  # per device key: the process's RPC session, when opened

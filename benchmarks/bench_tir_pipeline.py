@@ -1,0 +1,105 @@
+"""Tuned models compiled through TVM's default TIR pipeline and through stormdrop's
+(``tvm_compat.tir_pipeline``: vector loops that cross a row split first), the same schedules
+from one database, timed in turns with ONNX Runtime and OpenVINO.
+
+Each model is an ONNX file and its database (as ``bench_models.py --keep-db DIR`` leaves it:
+``DIR/<file name>.db``). Both builds' outputs are checked against ONNX Runtime's.
+
+    PYTHONPATH=src python benchmarks/bench_tir_pipeline.py --models A.onnx,B.onnx --db-dir KEEP \\
+        --json benchmarks/results_tir_pipeline_X.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+HEADER = ["model", "tasks", "TVM's TIR pipeline", "stormdrop's", "gain", "ONNX Runtime", "OpenVINO",
+          "ORT / stormdrop's", "OV / stormdrop's", "max diff"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", required=True, help="comma-separated ONNX files")
+    p.add_argument("--db-dir", required=True, help="where <file name>.db holds each model's tuned records")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="benchmarks/RESULTS.md")
+    p.add_argument("--json", default=None)
+    return p.parse_args(argv)
+
+
+def bench_one(path: str, args: argparse.Namespace, target) -> dict:
+    from stormdrop.model.bench import tuned_build
+    from stormdrop.model.run import (
+        interleaved,
+        max_abs_diff,
+        model_timer,
+        num_cores,
+        random_inputs,
+        run_model,
+    )
+    from stormdrop.model.runtimes import onnxruntime_timer, openvino_timer
+    from stormdrop.storage.database import Database
+    from stormdrop.workloads.models import load_model
+
+    model = load_model(path, seed=args.seed)
+    inputs = random_inputs(model, args.seed)
+    ref, ort = onnxruntime_timer(model.onnx_model, inputs, num_cores(target))
+    timers, out = {"onnxruntime": ort}, {"model": os.path.basename(path), "diff": {}}
+    ov = openvino_timer(model.onnx_model, inputs, num_cores(target))
+    if ov is not None:
+        timers["openvino"] = ov[1]
+    db_path = os.path.join(args.db_dir, os.path.basename(path) + ".db")
+    with Database(db_path, read_only=True) as db:
+        for arm, pipeline in (("default", "default"), ("stormdrop", None)):
+            ex, rows = tuned_build(model, db, target, tir_pipeline=pipeline)
+            outs, _ = run_model(ex, inputs, target, time_it=False)
+            err, scale = max_abs_diff(outs, ref)
+            out["diff"][arm] = err / scale
+            timers[arm] = model_timer(ex, inputs, target)
+    out["tasks"] = len(rows)
+    out["latency_s"] = interleaved(timers, rounds=args.rounds)
+    return out
+
+
+def row(r: dict) -> list[str]:
+    lat = r["latency_s"]
+    ms = {k: f"{v * 1e3:.2f}" for k, v in lat.items()}
+    ov = lat.get("openvino")
+    return [r["model"], str(r["tasks"]), ms["default"], ms["stormdrop"], f"{lat['default'] / lat['stormdrop']:.3f}x",
+            ms["onnxruntime"], ms.get("openvino", "n/a"), f"{lat['onnxruntime'] / lat['stormdrop']:.2f}x",
+            f"{ov / lat['stormdrop']:.2f}x" if ov else "n/a", f"{max(r['diff'].values()):.1e}"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _peers import machine, pinned_host, publish
+
+    target, key = pinned_host()
+    raw, rows = [], []
+    for path in [m.strip() for m in args.models.split(",") if m.strip()]:
+        print(f"[{path}]", flush=True)
+        raw.append(bench_one(path, args, target))
+        rows.append(row(raw[-1]))
+        print("| " + " | ".join(rows[-1]) + " |", flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"command": " ".join(sys.argv), "target": key, "models": raw}, f, indent=1)
+    lines = ["", f"## TIR pipeline, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
+             f"- machine: {machine()}; target: `{key}`", f"- command: `{' '.join(sys.argv)}`",
+             "- each model's tuned schedules (its database) compiled twice: through TVM's default TIR pipeline and "
+             "through stormdrop's (vector loops that cross a row split first); latencies in ms: median of "
+             f"{args.rounds} rounds in which the four take turns; gain = TVM's / stormdrop's; max diff: both builds' "
+             "outputs against ONNX Runtime's, relative to their scale", "",
+             "| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER), *("| " + " | ".join(r) + " |" for r in rows)]
+    publish(lines, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
