@@ -86,9 +86,10 @@ def split_row_vectors(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 @tvm.transform.module_pass(opt_level=0, name="SplitRowVectors")
 def _split_row_vectors_pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-    out = {}
-    for gv, func in mod.functions.items():
-        out[gv] = split_row_vectors(func) if isinstance(func, tirx.PrimFunc) else func
+    out = {gv: split_row_vectors(func) if isinstance(func, tirx.PrimFunc) else func
+           for gv, func in mod.functions.items()}
+    if all(out[gv].same_as(func) for gv, func in mod.functions.items()):
+        return mod
     return tvm.IRModule(out, attrs=mod.attrs)
 
 
