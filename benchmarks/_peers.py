@@ -47,6 +47,18 @@ def emit(lines: list[str], out: str | None = None, json_path: str | None = None,
             json.dump(data, f, indent=2)
 
 
+def checkpoint(row: list[str], json_path: str | None, target: str, field: str, raw: list) -> None:
+    """Print a finished table row and, when ``json_path`` is given, rewrite the run's JSON so far
+    (its command, target and ``raw`` under ``field``): a run stopped later keeps what it measured."""
+    import json
+    import sys
+
+    print("| " + " | ".join(row) + " |", flush=True)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"command": " ".join(sys.argv), "target": target, field: raw}, f, indent=1)
+
+
 def machine() -> str:
     """CPU model name (lscpu, else platform.processor()) and core counts."""
     model = ""

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 
@@ -62,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import bench_models
-    from _peers import machine, pinned_host, publish
+    from _peers import checkpoint, machine, pinned_host, publish
 
     target, key = pinned_host()
     held = {h.strip() for h in args.held_out.split(",") if h.strip()}
@@ -99,10 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                          ms_(ov), ms_(sd.get("latency_s")) if sd.get("latency_s") else sd.get("status", "-"),
                          ms_(nh.get("latency_s")), ratio(ort, sd.get("latency_s")), ratio(ort, nh.get("latency_s")),
                          ratio(ov, sd.get("latency_s")), ratio(ov, nh.get("latency_s")), after(sd), after(nh)])
-            print("| " + " | ".join(rows[-1]) + " |", flush=True)
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump({"command": " ".join(sys.argv), "target": key, "cases": raw}, f, indent=1)
+            checkpoint(rows[-1], args.json, key, "cases", raw)
     lines = ["", f"## Time to fast, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- machine: {machine()}; target: `{key}`", f"- command: `{' '.join(sys.argv)}`",
              f"- each row: `tune --model M --time-budget S` with the schedule hub ({bench_models._hub_name(target)}) "

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 
@@ -93,7 +92,7 @@ def bench_one(path: str, args: argparse.Namespace, target) -> dict:
     for _ in range(3 if changed else 0):
         for arm, ex in builds.items():
             per = kernel_times(ex, inputs, target, runs=10)
-            times[arm].append(sum(v for k, v in per.items() if k in set(changed)))
+            times[arm].append(sum(v for k, v in per.items() if k in out["kernels_split"]))
     out["split_kernels_s"] = {arm: sorted(v)[len(v) // 2] for arm, v in times.items() if v}
     out["latency_s"] = interleaved(timers, rounds=args.rounds)
     return out
@@ -114,7 +113,7 @@ def row(r: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import machine, pinned_host, publish
+    from _peers import checkpoint, machine, pinned_host, publish
 
     target, key = pinned_host()
     raw, rows = [], []
@@ -122,10 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{path}]", flush=True)
         raw.append(bench_one(path, args, target))
         rows.append(row(raw[-1]))
-        print("| " + " | ".join(rows[-1]) + " |", flush=True)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"command": " ".join(sys.argv), "target": key, "models": raw}, f, indent=1)
+        checkpoint(rows[-1], args.json, key, "models", raw)
     lines = ["", f"## TIR pipeline, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- machine: {machine()}; target: `{key}`", f"- command: `{' '.join(sys.argv)}`",
              "- each model's tuned schedules (its database) compiled twice: through TVM's default TIR pipeline and "
