@@ -47,16 +47,22 @@ def emit(lines: list[str], out: str | None = None, json_path: str | None = None,
             json.dump(data, f, indent=2)
 
 
-def checkpoint(row: list[str], json_path: str | None, target: str, field: str, raw: list) -> None:
-    """Print a finished table row and, when ``json_path`` is given, rewrite the run's JSON so far
-    (its command, target and ``raw`` under ``field``): a run stopped later keeps what it measured."""
+def save_json(json_path: str | None, target: str, field: str, raw: list, **extra) -> None:
+    """Write a run's JSON (its command, target, ``extra`` fields and ``raw`` under ``field``) when
+    ``json_path`` is given."""
     import json
     import sys
 
-    print("| " + " | ".join(row) + " |", flush=True)
     if json_path:
         with open(json_path, "w") as f:
-            json.dump({"command": " ".join(sys.argv), "target": target, field: raw}, f, indent=1)
+            json.dump({"command": " ".join(sys.argv), "target": target, **extra, field: raw}, f, indent=1)
+
+
+def checkpoint(row: list[str], json_path: str | None, target: str, field: str, raw: list) -> None:
+    """Print a finished table row and, when ``json_path`` is given, rewrite the run's JSON so far
+    (``save_json``): a run stopped later keeps what it measured."""
+    print("| " + " | ".join(row) + " |", flush=True)
+    save_json(json_path, target, field, raw)
 
 
 def machine() -> str:

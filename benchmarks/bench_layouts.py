@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 import time
@@ -38,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("STORMDROP_HUB", "off")
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import machine, publish
+    from _peers import machine, publish, save_json
     from bench_kernels import pin_threads
 
     from stormdrop.lowering.pipeline import Lowering
@@ -101,9 +100,7 @@ def main(argv: list[str] | None = None) -> int:
              "(Relax VM, median of 5 x >= 100 ms) next to ONNX Runtime; ORT/x > 1: x faster than ONNX Runtime", "",
              "| " + " | ".join(header) + " |", "|" + " --- |" * len(header), *("| " + " | ".join(r) + " |" for r in rows),
              ""]
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"command": " ".join(sys.argv), "target": canonical(target), "models": raw}, f, indent=1)
+    save_json(args.json, canonical(target), "models", raw)
     publish(lines, args.out)
     return 0
 

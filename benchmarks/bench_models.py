@@ -317,7 +317,7 @@ def _hub_name(target) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import machine, publish
+    from _peers import checkpoint, machine, publish
     from bench_kernels import pin_threads
 
     from stormdrop.target import canonical, host_target, physical_cores
@@ -346,10 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         raw.append({k: ({kk: vv for kk, vv in v.items() if kk != "ex"} if isinstance(v, dict) else v)
                     for k, v in r.items()})
         rows.append(row(r))
-        print("| " + " | ".join(rows[-1]) + " |", flush=True)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"command": " ".join(sys.argv), "target": canonical(target), "models": raw}, f, indent=1)
+        checkpoint(rows[-1], args.json, canonical(target), "models", raw)
     size = f"resolution {args.resolution or 'paper'}, BERT seq {args.seq_len or 128}"
     lines = ["", f"## Models, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- machine: {machine()}; target: `{canonical(target)}`", f"- command: `{' '.join(sys.argv)}`"

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("STORMDROP_HUB", "off")
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import machine, pinned_host, publish, tuned_and_retimed
+    from _peers import machine, pinned_host, publish, save_json, tuned_and_retimed
 
     from stormdrop.lowering.padded_rows import padded
     from stormdrop.measure.gateway import MeasureConfig
@@ -79,9 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                                                        os.path.join(tmp, f"{shape}_{seed}"), cold)}
                 raw.append(entry)
                 print(json.dumps(entry), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"command": " ".join(sys.argv), "target": key, "rows": raw}, f, indent=1)
+    save_json(args.json, key, "rows", raw)
     lines = ["", f"## Padded rows, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- machine: {machine()}; target: `{key}`", f"- command: `{' '.join(sys.argv)}`",
              f"- `x (1, M, K) @ w (K, N) + bias` at its own M rows and over padded rows (`padded_rows`), each tuned "

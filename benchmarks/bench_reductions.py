@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("STORMDROP_HUB", "off")
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import machine, pinned_host, publish, tuned_and_retimed
+    from _peers import machine, pinned_host, publish, save_json, tuned_and_retimed
 
 
     target, key = pinned_host()
@@ -72,9 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                                            args.seed, tmp))
             raw.append(entry)
             print(json.dumps(entry), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"command": " ".join(sys.argv), "target": key, "rows": raw}, f, indent=1)
+    save_json(args.json, key, "rows", raw)
     header = ["mean over H, W (1 x H x W x C)", "default us", "tiled us", "default GB/s", "tiled GB/s",
               "tiled / default speed", "default tuning s", "tiled tuning s"]
     rows, speeds = [], []

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("STORMDROP_HUB", "off")
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import machine, pinned_host, publish
+    from _peers import machine, pinned_host, publish, save_json
 
     from stormdrop.measure.gateway import Gateway
     from stormdrop.search.options import SearchOptions
@@ -90,9 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                     entry[n]["retimed_s"] = statistics.median(times[n]) if times[n] else None
                 raw.append(entry)
                 print(json.dumps(entry), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"command": " ".join(sys.argv), "target": key, "rows": raw}, f, indent=1)
+    save_json(args.json, key, "rows", raw)
     header = ["kernel", "seed", "off us (re-timed)", "on us (re-timed)", "on/off speed", "off stored us",
               "on stored us", "off tuning s", "on tuning s"]
     rows = []

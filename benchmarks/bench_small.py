@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 import tempfile
@@ -51,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import bench_models
-    from _peers import machine, publish
+    from _peers import checkpoint, machine, publish
     from bench_kernels import pin_threads
     from small_networks import NETWORKS, write
 
@@ -89,10 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                          "yes" if r["held_out"] else "no"]
                         + ([ms_(r["no_hub"].get("latency_s")), ratio(r["onnxruntime_s"], r["no_hub"].get("latency_s")),
                             ratio(r.get("openvino_s"), r["no_hub"].get("latency_s"))] if "no_hub" in r else []))
-            print("| " + " | ".join(rows[-1]) + " |", flush=True)
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump({"command": " ".join(sys.argv), "target": canonical(target), "cases": raw}, f, indent=1)
+            checkpoint(rows[-1], args.json, canonical(target), "cases", raw)
     header = HEADER + (["no hub ms", "ORT / no hub", "OV / no hub"] if args.hub == "ab" else [])
     lines = ["", f"## Small inputs and budgets, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- machine: {machine()}; target: `{canonical(target)}`", f"- command: `{' '.join(sys.argv)}`",

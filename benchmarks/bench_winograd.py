@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("STORMDROP_HUB", "off")
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import machine, pinned_host, publish, tuned_and_retimed
+    from _peers import machine, pinned_host, publish, save_json, tuned_and_retimed
 
     from stormdrop.lowering.winograd import choose_tile
     from stormdrop.workloads import parse_kernel
@@ -67,9 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             entry.update(tuned_and_retimed(target, kernels, args.trials, args.rounds, args.seed, tmp))
             raw.append(entry)
             print(json.dumps(entry), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"command": " ".join(sys.argv), "target": key, "rows": raw}, f, indent=1)
+    save_json(args.json, key, "rows", raw)
     header = ["conv (C in = out, H x W)", *(f"{n} us" for n in VARIANTS), *(f"{n} GFLOPS" for n in VARIANTS),
               "fastest", "auto picks", "auto / direct speed", *(f"{n} tuning s" for n in VARIANTS)]
     rows, speeds = [], []
