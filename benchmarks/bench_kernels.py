@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import os
 import statistics
@@ -346,11 +345,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_json(args: argparse.Namespace, target, threads: int, raw: list[dict]) -> None:
+    from _peers import save_json
+
     from stormdrop.target import canonical
 
-    with open(args.json, "w") as f:
-        json.dump({"command": " ".join(sys.argv), "target": canonical(target), "threads": threads,
-                   "date": datetime.datetime.now().isoformat(timespec="seconds"), "kernels": raw}, f, indent=1)
+    save_json(args.json, canonical(target), "kernels", raw, threads=threads,
+              date=datetime.datetime.now().isoformat(timespec="seconds"))
 
 
 def write_markdown(args, target: str, mach: str, threads: int, rows: list[list[str]],
