@@ -97,7 +97,13 @@ def test_ctrl_c_and_sigterm_stop_the_tune_with_one_line_and_keep_its_records(tmp
         proc.send_signal(sig)
     # a signal waits for the call into TVM in progress (a build, the evolution's ranking) to return:
     # seconds alone, longer on a loaded machine
-    out, err = proc.communicate(timeout=180)
+    try:
+        out, err = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:  # seen rarely: where it is stuck (every thread's stack), then stop it
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(3)
+        proc.kill()
+        raise AssertionError(f"no exit 180 s after the signal; its threads:\n{proc.communicate()[1][-6000:]}") from None
     assert proc.returncode == code, err[-600:]
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and word in err, err[-600:]
     assert len(stored_rows(tmp_path / "t.db")) >= 2
@@ -105,3 +111,16 @@ def test_ctrl_c_and_sigterm_stop_the_tune_with_one_line_and_keep_its_records(tmp
     while any(_alive(w) for w in workers) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [w for w in workers if _alive(w)]
+
+
+def test_sigusr1_prints_where_a_tune_is_and_the_tune_goes_on(tmp_path: Path) -> None:
+    """`kill -USR1` on a running tune writes every thread's Python stack to stderr; the tune is not
+    stopped by it (a stuck run can be located before it is stopped)."""
+    proc, _ = _start(tmp_path)
+    proc.send_signal(signal.SIGUSR1)
+    time.sleep(2)
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 143, err[-600:]
+    assert "most recent call first" in err and "stormdrop" in err, err[-600:]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import json
 import logging
 import os
@@ -291,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     verbose = 0
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)
+        # `kill -USR1 <pid>` prints every thread's Python stack to stderr (where a stuck run is) and goes on
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     try:
         args = build_parser().parse_args(argv)
         verbose = args.verbose
