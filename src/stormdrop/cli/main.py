@@ -293,7 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)
         # `kill -USR1 <pid>` prints every thread's Python stack to stderr (where a stuck run is) and goes on
-        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+        # (the process's own stderr: a caller may have replaced sys.stderr with a file without a descriptor)
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True, chain=False)
     try:
         args = build_parser().parse_args(argv)
         verbose = args.verbose
