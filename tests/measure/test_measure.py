@@ -102,6 +102,34 @@ def test_a_killed_builder_is_a_retryable_failure_and_the_next_build_runs(gateway
     assert r.ok
 
 
+def test_a_stop_swallowed_elsewhere_ends_the_batch_at_its_next_candidate(gateway, kernel, monkeypatch):
+    """A Ctrl-C that TVM turned into an error a caller skipped (see ``stormdrop.stop``) is raised
+    again by the gateway: the candidates after it are neither built nor timed."""
+    import signal
+
+    from stormdrop import stop
+    from stormdrop.measure import workers
+
+    monkeypatch.setattr(stop, "_requested", None)
+    sent = []
+    send = workers.Worker.send
+    monkeypatch.setattr(workers.Worker, "send", lambda self, command, payload: (sent.append(command),
+                                                                                send(self, command, payload)))
+    heard = []
+
+    def stop_after_the_first(i, result):
+        heard.append(result)
+        monkeypatch.setattr(stop, "_requested", signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        gateway.measure(KEY, [kernel.mod, kernel.mod, kernel.mod], on_result=stop_after_the_first)
+    assert len(heard) == 1 and heard[0].ok and sent.count("run") == 1
+    sent.clear()
+    with pytest.raises(KeyboardInterrupt):
+        gateway.measure(KEY, [kernel.mod])
+    assert sent == []
+
+
 @pytest.mark.slow
 def test_a_hang_times_out_and_the_next_candidate_still_runs(kernel):
     with Gateway(host_target(), MeasureConfig(repeat=3, min_repeat_ms=2000, run_timeout_s=1.0)) as gw:

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 
+from stormdrop import stop
 from stormdrop.cli.options import build_parser
 from stormdrop.errors import SpecError, StormdropError
 from stormdrop.measure.tracker import RpcConfig
@@ -280,18 +281,17 @@ COMMANDS = {"tune": _cmd_tune, "bench": _cmd_bench, "show": _cmd_show, "report":
             "zoo": _cmd_zoo, "hub": _cmd_hub}
 
 
-class _Terminated(Exception):
-    """SIGTERM (a batch scheduler's stop): handled as Ctrl-C is."""
-
-
-def _on_sigterm(signum: int, frame: object) -> None:
-    raise _Terminated()
+def _stopped(signum: int) -> int:
+    """The one line and exit code of a run the user stopped (Ctrl-C: 130, SIGTERM: 143)."""
+    word, code = ("terminated", 143) if signum == signal.SIGTERM else ("interrupted", 130)
+    print(f"stormdrop: {word}; every measured record is kept in the database", file=sys.stderr)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
     verbose = 0
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        stop.install()
         # `kill -USR1 <pid>` prints every thread's Python stack to stderr (where a stuck run is) and goes on
         # (the process's own stderr: a caller may have replaced sys.stderr with a file without a descriptor)
         with contextlib.suppress(AttributeError, OSError, ValueError):
@@ -301,16 +301,16 @@ def main(argv: list[str] | None = None) -> int:
         verbose = args.verbose
         _setup_logging(verbose)
         return COMMANDS[args.command](args)
-    except StormdropError as err:
-        print(f"stormdrop: error: {err}", file=sys.stderr)
-        return err.exit_code
     except KeyboardInterrupt:
-        print("stormdrop: interrupted; every measured record is kept in the database", file=sys.stderr)
-        return 130
-    except _Terminated:
-        print("stormdrop: terminated; every measured record is kept in the database", file=sys.stderr)
-        return 143
+        return _stopped(stop.requested() or signal.SIGINT)
+    except stop.Terminated:
+        return _stopped(signal.SIGTERM)
     except Exception as err:  # noqa: BLE001 - never a traceback for the user, unless -v
+        if stop.requested():  # the stop came back out of TVM as another error (see stormdrop.stop)
+            return _stopped(stop.requested())
+        if isinstance(err, StormdropError):
+            print(f"stormdrop: error: {err}", file=sys.stderr)
+            return err.exit_code
         if verbose:
             raise
         first = (str(err).strip().splitlines() or [""])[-1]

@@ -29,6 +29,7 @@ from typing import Any
 import tvm
 from tvm.target import Target
 
+from stormdrop import stop
 from stormdrop.errors import MeasureError, one_line
 from stormdrop.measure.costs import MeasureCosts, batch_s
 from stormdrop.measure.memory import process_rss_mb, runner_memory_limit_mb
@@ -120,6 +121,7 @@ class Gateway:
         its build ends, each run as it ends), so a caller can commit it at once: a kill then
         loses only the candidates still in flight, not the whole batch.
         """
+        stop.check()  # a stop asked for while TVM ran Python code may have been swallowed there
         keys = [key] * len(mods) if isinstance(key, str) else list(key)
         self._join_free_devices()  # before the builds: a new runner starts up meanwhile
         built = self._build_all(mods, on_result)
@@ -129,6 +131,7 @@ class Gateway:
             if len(self._runners) == 1:
                 for i, b in enumerate(built):
                     if results[i] is None:
+                        stop.check()
                         results[i] = self._run(keys[i], b)
                         if on_result is not None:
                             on_result(i, results[i])
@@ -185,6 +188,7 @@ class Gateway:
         idle = list(self._builders)
         timeout = self.config.build_timeout_s
         while pending or busy:
+            stop.check()
             while pending and idle:
                 job = pending.pop(0)
                 worker = idle.pop()
@@ -253,6 +257,7 @@ class Gateway:
         idle, busy = list(self._runners), {}  # id(conn) -> (runner, job)
         timeout = self.config.device_timeout_s
         while pending or busy:
+            stop.check()
             done = []
             while pending and idle:
                 runner, job = idle.pop(), pending.pop(0)

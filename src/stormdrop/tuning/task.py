@@ -23,7 +23,7 @@ from functools import partial
 import tvm
 from tvm.target import Target
 
-from stormdrop import __version__
+from stormdrop import __version__, stop
 from stormdrop.measure.measurer import Measurer
 from stormdrop.records import MeasureResult, Phase, Record
 from stormdrop.report.history import Trial
@@ -281,18 +281,21 @@ class TaskTuner:
         """Measure one batch of at most ``limit`` new candidates; False (and ``done``) once every phase is over."""
         if self.done:
             return False
-        while True:
-            if self.current is None:
-                if not self.next:
-                    self.finish()
-                    return False
-                self.current = self.next.pop(0)()  # None: a phase with nothing to do
-                continue
-            cands = self.current.propose(self._limit(limit))
-            if cands is not None:
-                break
-            self.current = None
-        self.current.tell(cands, self.task.evaluate(cands), self.task.fresh)
+        with stop.deferred():  # TVM calls the cost model and schedule rules back in C++ here: see stormdrop.stop
+            while True:
+                if self.current is None:
+                    if not self.next:
+                        self.finish()
+                        return False
+                    self.current = self.next.pop(0)()  # None: a phase with nothing to do
+                    continue
+                cands = self.current.propose(self._limit(limit))
+                if cands is not None:
+                    break
+                self.current = None
+        results = self.task.evaluate(cands)
+        with stop.deferred():
+            self.current.tell(cands, results, self.task.fresh)
         if not isinstance(self.current, Retry):
             self.rounds += 1
         return True
