@@ -7,9 +7,10 @@ types it does not know so), which a caller that skips a failing candidate may sw
 ends the run as an error. So the handlers installed here also remember the signal: ``check``
 (called by the measurement gateway at every step) raises the stop again, and ``requested`` tells
 the command that an error which ended a run came from the user's stop. Where TVM calls Python
-back inside C++ code that cannot pass an exception on (the evolutionary search: the process
-aborts in ``std::terminate``), the search runs ``deferred``: a stop there is only remembered,
-and raised when the block ends.
+back from C++ code that cannot pass an exception on (MetaSchedule's logger, called from a C++
+destructor all through the evolutionary search: an exception there aborts the process in
+``std::terminate``), the search runs ``deferred``: a stop there is only remembered, and raised
+when the block ends.
 
 Only a command installs the handlers (``install``); a library caller keeps its own.
 """

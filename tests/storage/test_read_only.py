@@ -93,3 +93,44 @@ def test_a_refused_import_creates_no_database_or_directory(tmp_path: Path) -> No
     r = stormdrop_cli("import", str(tmp_path / "missing"), "--db", str(target))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "new").exists()
+
+
+def _read_only_mount_works() -> bool:
+    """Whether this process may make a mount namespace with a read-only bind mount (root with
+    CAP_SYS_ADMIN, as in most containers run as root; not an unprivileged user)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("unshare") is None:
+        return False
+    r = subprocess.run(["unshare", "-m", "sh", "-c", "mount --bind -o ro /tmp /tmp"], capture_output=True)
+    return r.returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _read_only_mount_works(), reason="needs a mount namespace (root)")
+def test_reading_commands_work_on_a_read_only_mount(tmp_path: Path, db_dir: Path) -> None:
+    """The database's directory mounted read-only (EROFS, which root cannot write past either):
+    ``show``, ``export``, ``report`` and ``report --compare`` answer as on a writable disk."""
+    import shlex
+    import subprocess
+    import sys
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    path = ro / "t.db"
+    calls = [["show", "--db", str(path)], ["export", "--db", str(path), "--out", str(tmp_path / "ms")],
+             ["report", "--db", str(path), "--out", str(tmp_path / "r")],
+             ["report", "--db", str(path), "--out", str(tmp_path / "r2"), "--compare", str(path)]]
+    script = f"mount --bind -o ro {shlex.quote(str(db_dir))} {shlex.quote(str(ro))} && touch {shlex.quote(str(ro))}/x"
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True)
+    assert r.returncode != 0 and "Read-only file system" in r.stderr  # the mount refuses writes, even root's
+    expected = stormdrop_cli("show", "--db", str(db_dir / "t.db")).stdout.replace(str(db_dir / "t.db"), str(path))
+    for args in calls:
+        cli = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "stormdrop", *args])
+        script = f"mount --bind -o ro {shlex.quote(str(db_dir))} {shlex.quote(str(ro))} && {cli}"
+        r = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, (args, r.stderr[-400:])
+        if args[0] == "show":
+            assert r.stdout == expected
+    assert (tmp_path / "r" / "index.html").exists() and any((tmp_path / "ms").iterdir())
