@@ -24,15 +24,17 @@ def handlers(monkeypatch):
         signal.signal(s, h)
 
 
+def _signal_self(sig: int) -> None:
+    """Send ``sig`` to this process and go on for a second (its handler runs at the next instruction)."""
+    os.kill(os.getpid(), sig)
+    for _ in range(200):
+        time.sleep(0.005)
+
+
 def _signal_inside_tvm(sig: int):
     """Call into TVM, which calls back Python code that gets ``sig`` (as the cost model inside the
     evolutionary search does when Ctrl-C comes); what TVM raises comes out."""
-    def callback():
-        os.kill(os.getpid(), sig)
-        for _ in range(200):  # the handler runs at the next instruction
-            time.sleep(0.005)
-
-    tvm_ffi.convert(callback)()
+    tvm_ffi.convert(lambda: _signal_self(sig))()
 
 
 def test_ctrl_c_inside_a_tvm_callback_comes_out_as_another_error_and_check_raises_it_again(handlers):
@@ -48,9 +50,7 @@ def test_sigterm_is_not_an_exception_a_caller_skipping_failures_catches(handlers
     stop.install()
     with pytest.raises(stop.Terminated):
         try:
-            os.kill(os.getpid(), signal.SIGTERM)
-            for _ in range(200):
-                time.sleep(0.005)
+            _signal_self(signal.SIGTERM)
         except Exception:  # noqa: BLE001 - as such a caller does
             pass
     with pytest.raises(stop.Terminated):
@@ -80,9 +80,7 @@ def test_a_stop_inside_a_deferred_block_is_raised_as_the_block_ends(handlers):
     finished = False
     with pytest.raises(KeyboardInterrupt):
         with stop.deferred():
-            os.kill(os.getpid(), signal.SIGINT)
-            for _ in range(200):
-                time.sleep(0.005)
+            _signal_self(signal.SIGINT)
             finished = True
     assert finished
 

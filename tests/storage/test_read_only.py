@@ -122,14 +122,14 @@ def test_reading_commands_work_on_a_read_only_mount(tmp_path: Path, db_dir: Path
     calls = [["show", "--db", str(path)], ["export", "--db", str(path), "--out", str(tmp_path / "ms")],
              ["report", "--db", str(path), "--out", str(tmp_path / "r")],
              ["report", "--db", str(path), "--out", str(tmp_path / "r2"), "--compare", str(path)]]
-    script = f"mount --bind -o ro {shlex.quote(str(db_dir))} {shlex.quote(str(ro))} && touch {shlex.quote(str(ro))}/x"
-    r = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True)
+    mount = f"mount --bind -o ro {shlex.quote(str(db_dir))} {shlex.quote(str(ro))}"
+    r = subprocess.run(["unshare", "-m", "sh", "-c", f"{mount} && touch {shlex.quote(str(ro))}/x"], capture_output=True,
+                       text=True)
     assert r.returncode != 0 and "Read-only file system" in r.stderr  # the mount refuses writes, even root's
     expected = stormdrop_cli("show", "--db", str(db_dir / "t.db")).stdout.replace(str(db_dir / "t.db"), str(path))
     for args in calls:
         cli = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "stormdrop", *args])
-        script = f"mount --bind -o ro {shlex.quote(str(db_dir))} {shlex.quote(str(ro))} && {cli}"
-        r = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=600)
+        r = subprocess.run(["unshare", "-m", "sh", "-c", f"{mount} && {cli}"], capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, (args, r.stderr[-400:])
         if args[0] == "show":
             assert r.stdout == expected

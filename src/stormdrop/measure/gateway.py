@@ -121,7 +121,6 @@ class Gateway:
         its build ends, each run as it ends), so a caller can commit it at once: a kill then
         loses only the candidates still in flight, not the whole batch.
         """
-        stop.check()  # a stop asked for while TVM ran Python code may have been swallowed there
         keys = [key] * len(mods) if isinstance(key, str) else list(key)
         self._join_free_devices()  # before the builds: a new runner starts up meanwhile
         built = self._build_all(mods, on_result)
@@ -188,7 +187,7 @@ class Gateway:
         idle = list(self._builders)
         timeout = self.config.build_timeout_s
         while pending or busy:
-            stop.check()
+            stop.check()  # a stop asked for while TVM ran Python code may have been swallowed there
             while pending and idle:
                 job = pending.pop(0)
                 worker = idle.pop()
