@@ -11,7 +11,9 @@
 # carrying .gpu2 (env: PYTEST_ARGS, BENCH_S, KERNELS, TRIALS, EXPLOIT, SEEDS, BENCH_ARGS). The run installs into /tmp/site, checks the GPU, runs tests/measure/test_cuda.py
 # (the GPU test included) and benchmarks/bench_kernels.py --target cuda; logs and JSON go to $OUT.
 # MODEL=resnet18 (MODEL_ARGS="--resolution 56", MODEL_BUDGET=240): then `tune --model` on the GPU, with
-# -vv logging to $OUT/model.log (BENCH_S=1 skips the kernels).
+# -vv logging to $OUT/model.log. GPU_MODEL=resnet18 (GPU_MODEL_ARGS, MODEL_BUDGET): benchmarks/gpu_model.py,
+# torchvision's network exported, tuned and timed against PyTorch on the GPU ($OUT: gpu_model.json,
+# model.json, model.log, model.db). BENCH_S=0 skips the kernels.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/stage /tmp/site
@@ -50,7 +52,7 @@ except RuntimeError as err:
 EOF
 timeout -s INT 150 python3 -m pytest -q -p no:cacheprovider tests/measure/test_cuda.py -rs ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/test_cuda.log"
 echo "tests done at $(( $(date +%s) - t0 )) s"
-timeout -s INT "${BENCH_S:-330}" python3 benchmarks/bench_kernels.py --target cuda \
+[ "${BENCH_S:-330}" = 0 ] || timeout -s INT "${BENCH_S:-330}" python3 benchmarks/bench_kernels.py --target cuda \
     --kernels "${KERNELS:-mm1024,r50_c2_b8}" --trials "${TRIALS:-64}" --exploit-trials "${EXPLOIT:-32}" \
     --seeds "${SEEDS:-0}" ${BENCH_ARGS:---skip-3x --no-postopt} --json "$OUT/results_kernels_cuda.json" --out "$OUT/RESULTS_cuda.md" 2>&1 | tee "$OUT/bench.log"
 echo "done at $(( $(date +%s) - t0 )) s"
@@ -59,4 +61,12 @@ if [ -n "${MODEL:-}" ]; then
         --target cuda --time-budget "${MODEL_BUDGET:-240}" --db "$OUT/model.db" --json "$OUT/model.json" --no-progress \
         > "$OUT/model.log" 2>&1
     echo "model tune exit $? at $(( $(date +%s) - t0 )) s"; grep -v "^\[" "$OUT/model.log" | tail -30
+fi
+if [ -n "${GPU_MODEL:-}" ]; then
+    rm -rf /tmp/gm
+    timeout -s INT $(( ${MODEL_BUDGET:-240} + 240 )) python3 benchmarks/gpu_model.py --network "$GPU_MODEL" \
+        --budget "${MODEL_BUDGET:-240}" ${GPU_MODEL_ARGS:-} --out /tmp/gm 2>&1 | grep -v "^\[torch.onnx\]"
+    echo "GPU model exit ${PIPESTATUS[0]} at $(( $(date +%s) - t0 )) s"
+    for f in gpu_model.json model.json model.log model.db; do [ -f /tmp/gm/$f ] && cp /tmp/gm/$f "$OUT/"; done
+    grep -v "^\[" /tmp/gm/model.log | tail -25
 fi
