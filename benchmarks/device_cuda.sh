@@ -13,7 +13,9 @@
 # MODEL=resnet18 (MODEL_ARGS="--resolution 56", MODEL_BUDGET=240): then `tune --model` on the GPU, with
 # -vv logging to $OUT/model.log. GPU_MODEL=resnet18 (GPU_MODEL_ARGS, MODEL_BUDGET): benchmarks/gpu_model.py,
 # torchvision's network exported, tuned and timed against PyTorch on the GPU ($OUT: gpu_model.json,
-# model.json, model.log, model.db). BENCH_S=0 skips the kernels.
+# model.json, model.log, model.db). THROUGHPUT=1 (TP_ARGS): benchmarks/bench_cuda_throughput.py, candidates per
+# minute of stormdrop's gateway and MetaSchedule's builder/runner ($OUT/results_cuda_throughput.json).
+# BENCH_S=0 skips the kernels.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/stage /tmp/site
@@ -52,6 +54,11 @@ except RuntimeError as err:
 EOF
 timeout -s INT 150 python3 -m pytest -q -p no:cacheprovider tests/measure/test_cuda.py -rs ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/test_cuda.log"
 echo "tests done at $(( $(date +%s) - t0 )) s"
+if [ -n "${THROUGHPUT:-}" ]; then
+    timeout -s INT 300 python3 benchmarks/bench_cuda_throughput.py ${TP_ARGS:-} --json "$OUT/results_cuda_throughput.json" \
+        2>&1 | tee "$OUT/throughput.log"
+    echo "throughput done at $(( $(date +%s) - t0 )) s"
+fi
 [ "${BENCH_S:-330}" = 0 ] || timeout -s INT "${BENCH_S:-330}" python3 benchmarks/bench_kernels.py --target cuda \
     --kernels "${KERNELS:-mm1024,r50_c2_b8}" --trials "${TRIALS:-64}" --exploit-trials "${EXPLOIT:-32}" \
     --seeds "${SEEDS:-0}" ${BENCH_ARGS:---skip-3x --no-postopt} --json "$OUT/results_kernels_cuda.json" --out "$OUT/RESULTS_cuda.md" 2>&1 | tee "$OUT/bench.log"

@@ -73,6 +73,32 @@ def test_a_cuda_kernel_that_does_not_compile_fails_its_build_on_the_host():
         _worker._check_cuda(_Library(), parse_target({"kind": "cuda", "arch": "sm_90"}))
 
 
+_KERNEL = 'extern "C" __global__ void main_kernel(float* a) { a[threadIdx.x] += 1.0f; }'
+
+
+def test_the_gpu_runtime_is_served_the_builders_cubin_not_a_second_compile(monkeypatch):
+    import tvm_ffi
+
+    class Lib:
+        imports = [type("Source", (), {"kind": "cuda", "inspect_source": lambda self: _KERNEL})()]
+
+    cubins = _nvrtc.library_cubins(Lib(), "sm_90")
+    key = _nvrtc.source_digest(_KERNEL)
+    assert list(cubins) == [key] and _nvrtc.cubin_sm(cubins[key]) == 90
+    compiled = []
+    with _nvrtc.serving(cubins, 90):  # installs the function once, in front of TVM's
+        pass
+    monkeypatch.setattr(_nvrtc, "_PREVIOUS", [lambda code, *rest: compiled.append(str(code)) or b"compiled"])
+    compile_cuda = tvm_ffi.get_global_func("tvm_callback_cuda_compile")  # what the GPU runtime calls at load
+    with _nvrtc.serving(cubins, 90):
+        assert bytes(compile_cuda(_KERNEL)) == cubins[key] and not compiled
+        assert bytes(compile_cuda(_KERNEL + "\n")) == b"compiled"  # another source: compiled as before
+    assert bytes(compile_cuda(_KERNEL)) == b"compiled"  # served only within the block
+    with _nvrtc.serving(cubins, 80):  # an sm_90 cubin is no machine code for an sm_80 device
+        assert bytes(compile_cuda(_KERNEL)) == b"compiled"
+    assert len(compiled) == 3
+
+
 def test_headers_nvrtc_cannot_compile_with_are_passed_over(tmp_path, monkeypatch):
     # e.g. a GPU machine's torch install: CUDA runtime headers without the cccl folder they need
     good_root = _nvrtc.cuda_headers()[0]
@@ -110,6 +136,26 @@ def _gpu_visible() -> bool:
 
 needs_gpu = pytest.mark.skipif(not _gpu_visible(), reason="needs an NVIDIA GPU visible to TVM's CUDA runtime "
                                "(none here: CUDA candidates are built above, timing them needs the GPU)")
+
+
+@pytest.mark.slow
+@needs_gpu
+def test_a_candidate_runs_on_the_gpu_from_the_builders_cubin(tmp_path, monkeypatch):
+    target = parse_target("cuda")
+    storm = Storm(parse_kernel("matmul:M=128,N=128,K=128").mod, target, trials=8, seed=0,
+                  config=StormConfig(batch_size=8))
+    mod_json = tvm.ir.save_json(parse_kernel("matmul:M=128,N=128,K=128").mod)
+    runner = _worker._RunnerState(target, None)
+    runner.reference("k", mod_json, 0)
+    _nvrtc._install()  # (the function TVM's runtime calls to compile a source it loads)
+    ran = []
+    for i, cand in enumerate(storm.propose()):
+        built = _worker._build(target, tvm.ir.save_json(cand.mod), str(tmp_path / f"c{i}.so"))
+        monkeypatch.setattr(_nvrtc, "_PREVIOUS", [None])  # any compile at load fails the run
+        result = runner.run("k", built, 1, 3, 1.0, False, True, 0.0)
+        ran.append("run_secs" in result or "wrong" in result)
+    storm.close()
+    assert ran and all(ran)
 
 
 @pytest.mark.slow

@@ -9,15 +9,23 @@ here), not in NVIDIA's pip packages (``nvidia/cu13/include`` and its ``cccl``); 
 fails on CUDA 13's headers. ``cuda_cubin`` compiles a source to a cubin with the `cuda`
 extra's NVRTC and headers (same version), or a toolkit's; the builder checks every CUDA
 candidate with it (a source that does not compile is a build error, on the host).
+
+The GPU's runtime compiles a library's CUDA source again when it loads it (through the
+``tvm_callback_cuda_compile`` function TVM registers). ``serving`` answers that call with the
+cubin the builder already made of the same source, for the device's SM, so a candidate is
+compiled once (other sources still go to TVM's function).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import importlib.util
 import os
 import re
 import shutil
+from collections.abc import Iterator
 
 CUDA_EM_MACHINE = 190  # ELF e_machine of NVIDIA's cubins
 
@@ -87,3 +95,70 @@ def cubin_sm(cubin: bytes) -> int:
     flags = struct.unpack_from("<I", cubin, 48)[0]
     # CUDA 13's cubins keep the SM in bits 8-15 (e.g. 0x6005a04 for sm_90); older ones in bits 0-7
     return (flags >> 8) & 0xFF if flags >> 24 else flags & 0xFF
+
+
+def source_digest(source: str | bytes) -> str:
+    """The key of a CUDA source among compiled cubins."""
+    return hashlib.sha256(source.encode() if isinstance(source, str) else bytes(source)).hexdigest()
+
+
+def library_cubins(lib: object, arch: str) -> dict[str, bytes]:
+    """Each CUDA module's source in the built library ``lib`` compiled to a cubin for ``arch``,
+    by source digest (a source that does not compile raises NVRTC's error)."""
+    cubins = {}
+    for m in lib.imports:  # type: ignore[attr-defined]
+        if m.kind == "cuda":
+            source = m.inspect_source()
+            cubins[source_digest(source)] = cuda_cubin(source, arch)
+    return cubins
+
+
+_SERVED: dict[str, bytes] = {}
+_TVM_CALLBACK = "tvm_callback_cuda_compile"
+_PREVIOUS: list = []  # TVM's own function, once ``_install`` has put ``_compile`` in its place
+
+
+def _compile(code: object, *rest: object) -> bytes:
+    """``tvm_callback_cuda_compile``: the served cubin of ``code``, else TVM's own compile."""
+    cubin = _SERVED.get(source_digest(code if isinstance(code, (str, bytes)) else str(code)))
+    if cubin is not None:
+        return cubin
+    if not _PREVIOUS or _PREVIOUS[0] is None:
+        raise RuntimeError("no CUDA compiler is registered with TVM")
+    return _PREVIOUS[0](code, *rest)
+
+
+def _install() -> None:
+    """Put ``_compile`` in front of TVM's ``tvm_callback_cuda_compile`` (once a process)."""
+    if _PREVIOUS:
+        return
+    import tvm.support.nvcc  # noqa: F401 - registers TVM's own function, which _compile falls back on
+    import tvm_ffi
+
+    _PREVIOUS.append(tvm_ffi.get_global_func(_TVM_CALLBACK, allow_missing=True))
+    tvm_ffi.register_global_func(_TVM_CALLBACK, _compile, override=True)
+
+
+@contextlib.contextmanager
+def serving(cubins: dict[str, bytes] | None, sm: int) -> Iterator[None]:
+    """Within the block, the GPU runtime's compile of a CUDA source in ``cubins`` (from
+    ``library_cubins``) returns its cubin instead, when that cubin is machine code for ``sm`` (the
+    device's, e.g. 90); other sources are compiled as before."""
+    usable = {k: v for k, v in (cubins or {}).items() if _cubin_sm_or_none(v) == sm}
+    if not usable:
+        yield
+        return
+    _install()
+    _SERVED.update(usable)
+    try:
+        yield
+    finally:
+        for k in usable:
+            _SERVED.pop(k, None)
+
+
+def _cubin_sm_or_none(cubin: bytes) -> int | None:
+    try:
+        return cubin_sm(cubin)
+    except ValueError:
+        return None

@@ -1,0 +1,127 @@
+"""Candidates per minute on a GPU: stormdrop's measurement gateway against MetaSchedule's
+``LocalBuilder`` + ``LocalRunner``, on the same candidates.
+
+The storm's first sample of one kernel (seed 0) is built and timed by each arm, the arms in
+turns, one batch each a round, after one untimed batch each (processes started, TVM imported):
+
+- ``stormdrop``: ``Gateway.measure`` (a builder on every core; each candidate compiled once:
+  the builder's cubin is what the GPU's runtime loads, ``tvm_compat.nvrtc.serving``);
+- ``stormdrop, compiled twice``: the same gateway without the builder's cubins, so the GPU's
+  runtime compiles each library's CUDA source again when it loads it (as before);
+- ``MetaSchedule``: ``LocalBuilder`` (its workers given the cheap intrinsics import, as
+  ``bench_kernels.py`` does) and ``LocalRunner`` with their defaults (no output check).
+
+stormdrop checks each candidate's outputs and takes 5 samples of >= 20 ms; MetaSchedule's
+runner one sample of >= 100 ms. ``--target llvm`` rehearses every step on a CPU host.
+
+    python benchmarks/bench_cuda_throughput.py --candidates 32 --rounds 2 --json OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def stormdrop_arm(target, key, workload, twice: bool):
+    from stormdrop.measure.gateway import Gateway, MeasureConfig
+
+    class CompiledTwice(Gateway):
+        def _run_payload(self, key, built):  # the runner is not handed the builder's cubins
+            return super()._run_payload(key, {k: v for k, v in built.items() if k != "cubins"})
+
+    gw = (CompiledTwice if twice else Gateway)(target, MeasureConfig())
+    gw.prepare(key, workload)
+
+    def measure(mods) -> int:
+        return sum(r.ok for r in gw.measure(key, mods))
+
+    return measure, gw.close
+
+
+def meta_schedule_arm(target):
+    import tvm.s_tir.meta_schedule as ms
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    from stormdrop.tvm_compat.intrinsics import load_tensor_intrinsics
+
+    builder = ms.builder.LocalBuilder(timeout_sec=60.0, initializer=functools.partial(load_tensor_intrinsics, "llvm"))
+    runner = ms.runner.LocalRunner(timeout_sec=30.0)
+    device = "cuda" if target.kind.name == "cuda" else "cpu"
+
+    def measure(mods) -> int:
+        built = builder.build([ms.builder.BuilderInput(m, target) for m in mods])
+        inputs = [ms.runner.RunnerInput(b.artifact_path, device, ArgInfo.from_prim_func(m["main"]))
+                  for b, m in zip(built, mods) if b.error_msg is None]
+        ok = sum(1 for f in runner.run(inputs) if f.result().error_msg is None)
+        for b in built:
+            if b.artifact_path:
+                os.remove(b.artifact_path)
+        return ok
+
+    return measure, lambda: None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kernel", default="matmul:M=1024,N=1024,K=1024")
+    p.add_argument("--target", default="cuda")
+    p.add_argument("--candidates", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+
+    from _peers import quiet_meta_schedule
+
+    from stormdrop.search.storm import Storm, StormConfig
+    from stormdrop.target import canonical, parse_target
+    from stormdrop.workloads import parse_kernel
+
+    quiet_meta_schedule()
+    target = parse_target(args.target)
+    kernel = parse_kernel(args.kernel)
+    storm = Storm(kernel.mod, target, trials=args.candidates, seed=0, config=StormConfig(batch_size=args.candidates))
+    mods = [c.mod for c in storm.propose()]
+    storm.close()
+    print(f"{len(mods)} candidates of {args.kernel} on {canonical(target)}", flush=True)
+    arms = {"stormdrop": stormdrop_arm(target, kernel.name, kernel.mod, twice=False),
+            "stormdrop, compiled twice": stormdrop_arm(target, kernel.name, kernel.mod, twice=True),
+            "MetaSchedule": meta_schedule_arm(target)}
+    seconds = dict.fromkeys(arms, 0.0)
+    ok = dict.fromkeys(arms, 0)
+    with tempfile.TemporaryDirectory():
+        for rnd in range(args.rounds + 1):  # round 0: untimed (processes start, TVM loads)
+            for name, (measure, _) in arms.items():
+                t0 = time.monotonic()
+                good = measure(mods)
+                if rnd:
+                    seconds[name] += time.monotonic() - t0
+                    ok[name] += good
+                print(f"round {rnd} {name}: {good}/{len(mods)} ok in {time.monotonic() - t0:.1f} s", flush=True)
+    for _, close in arms.values():
+        close()
+    rows = []
+    print("| arm | candidates | ok | seconds | candidates / min | vs MetaSchedule |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    per_min = {n: len(mods) * args.rounds * 60 / seconds[n] for n in arms}
+    for name in arms:
+        rows.append({"arm": name, "candidates": len(mods) * args.rounds, "ok": ok[name],
+                     "seconds": round(seconds[name], 2), "per_min": round(per_min[name], 1)})
+        print(f"| {name} | {len(mods) * args.rounds} | {ok[name]} | {seconds[name]:.1f} | {per_min[name]:.1f} | "
+              f"{per_min[name] / per_min['MetaSchedule']:.2f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": " ".join(sys.argv), "target": canonical(target), "kernel": args.kernel,
+                       "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
