@@ -4,10 +4,8 @@
 The storm's first sample of one kernel (seed 0) is built and timed by each arm, the arms in
 turns, one batch each a round, after one untimed batch each (processes started, TVM imported):
 
-- ``stormdrop``: ``Gateway.measure`` (a builder on every core; each candidate compiled once:
-  the builder's cubin is what the GPU's runtime loads, ``tvm_compat.nvrtc.serving``);
-- ``stormdrop, compiled twice``: the same gateway without the builder's cubins, so the GPU's
-  runtime compiles each library's CUDA source again when it loads it (as before);
+- ``stormdrop``: ``Gateway.measure`` (a builder on every core; each candidate's CUDA source
+  compiled once, ``tvm_compat.nvrtc.compiling``);
 - ``MetaSchedule``: ``LocalBuilder`` (its workers given the cheap intrinsics import, as
   ``bench_kernels.py`` does) and ``LocalRunner`` with their defaults (no output check).
 
@@ -30,14 +28,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def stormdrop_arm(target, key, workload, twice: bool):
+def stormdrop_arm(target, key, workload):
     from stormdrop.measure.gateway import Gateway, MeasureConfig
 
-    class CompiledTwice(Gateway):
-        def _run_payload(self, key, built):  # the runner is not handed the builder's cubins
-            return super()._run_payload(key, {k: v for k, v in built.items() if k != "cubins"})
-
-    gw = (CompiledTwice if twice else Gateway)(target, MeasureConfig())
+    gw = Gateway(target, MeasureConfig())
     gw.prepare(key, workload)
 
     def measure(mods) -> int:
@@ -91,9 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     mods = [c.mod for c in storm.propose()]
     storm.close()
     print(f"{len(mods)} candidates of {args.kernel} on {canonical(target)}", flush=True)
-    arms = {"stormdrop": stormdrop_arm(target, kernel.name, kernel.mod, twice=False),
-            "stormdrop, compiled twice": stormdrop_arm(target, kernel.name, kernel.mod, twice=True),
-            "MetaSchedule": meta_schedule_arm(target)}
+    arms = {"stormdrop": stormdrop_arm(target, kernel.name, kernel.mod), "MetaSchedule": meta_schedule_arm(target)}
     seconds = dict.fromkeys(arms, 0.0)
     ok = dict.fromkeys(arms, 0)
     with tempfile.TemporaryDirectory():

@@ -34,7 +34,7 @@ def _device_sms(mod, target) -> set[int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_cuda_candidates_are_sampled_and_built_to_device_code(tmp_path, arch):
+def test_cuda_candidates_are_sampled_and_built_to_device_code(tmp_path, arch, monkeypatch):
     target = parse_target({"kind": "cuda", "arch": arch})
     assert int(target.attrs["max_threads_per_block"]) == 1024  # filled in: MetaSchedule's rules need it
     kernel = parse_kernel("matmul:M=128,N=128,K=128")
@@ -43,8 +43,13 @@ def test_cuda_candidates_are_sampled_and_built_to_device_code(tmp_path, arch):
     assert cands and len(cands) <= 3
     text = cands[0].sch.mod.script()
     assert "threadIdx.x" in text and "blockIdx" in text  # bound to the GPU's threads
+    compiled = []
+    real = _nvrtc.cuda_cubin
+    monkeypatch.setattr(_nvrtc, "cuda_cubin", lambda src, a: compiled.append(a) or real(src, a))
     built = _worker._build(target, tvm.ir.save_json(cands[0].mod), str(tmp_path / "c0.so"))
     assert built["cubin_bytes"] > 10_000 and built["pack"] is None  # the builder compiled it
+    assert compiled == [arch]  # once (on a GPU's host tvm.build's own compile is the check's)
+    monkeypatch.undo()
     assert _device_sms(cands[0].mod, target) == {int(arch[3:])}
 
     # the raindrop's coordinates cover the CUDA decisions, and neighbours replay and build
@@ -76,27 +81,25 @@ def test_a_cuda_kernel_that_does_not_compile_fails_its_build_on_the_host():
 _KERNEL = 'extern "C" __global__ void main_kernel(float* a) { a[threadIdx.x] += 1.0f; }'
 
 
-def test_the_gpu_runtime_is_served_the_builders_cubin_not_a_second_compile(monkeypatch):
+def test_a_source_tvm_compiles_while_building_is_not_compiled_again_by_the_check(monkeypatch):
+    # On a GPU's host tvm.build compiles the CUDA source itself, through this function
     import tvm_ffi
 
     class Lib:
         imports = [type("Source", (), {"kind": "cuda", "inspect_source": lambda self: _KERNEL})()]
 
-    cubins = _nvrtc.library_cubins(Lib(), "sm_90")
-    key = _nvrtc.source_digest(_KERNEL)
-    assert list(cubins) == [key] and _nvrtc.cubin_sm(cubins[key]) == 90
-    compiled = []
-    with _nvrtc.serving(cubins, 90):  # installs the function once, in front of TVM's
-        pass
-    monkeypatch.setattr(_nvrtc, "_PREVIOUS", [lambda code, *rest: compiled.append(str(code)) or b"compiled"])
-    compile_cuda = tvm_ffi.get_global_func("tvm_callback_cuda_compile")  # what the GPU runtime calls at load
-    with _nvrtc.serving(cubins, 90):
-        assert bytes(compile_cuda(_KERNEL)) == cubins[key] and not compiled
-        assert bytes(compile_cuda(_KERNEL + "\n")) == b"compiled"  # another source: compiled as before
-    assert bytes(compile_cuda(_KERNEL)) == b"compiled"  # served only within the block
-    with _nvrtc.serving(cubins, 80):  # an sm_90 cubin is no machine code for an sm_80 device
-        assert bytes(compile_cuda(_KERNEL)) == b"compiled"
-    assert len(compiled) == 3
+    nvrtc_calls, tvm_calls = [], []
+    real = _nvrtc.cuda_cubin
+    monkeypatch.setattr(_nvrtc, "cuda_cubin", lambda src, arch: nvrtc_calls.append(arch) or real(src, arch))
+    with _nvrtc.compiling("sm_90"):
+        compile_cuda = tvm_ffi.get_global_func("tvm_callback_cuda_compile")
+        monkeypatch.setattr(_nvrtc, "_PREVIOUS", [lambda code, *rest: tvm_calls.append(code) or b"tvm's"])
+        cubin = bytes(compile_cuda(_KERNEL))  # what tvm.build calls
+        assert _nvrtc.cubin_sm(cubin) == 90 and nvrtc_calls == ["sm_90"]
+        cubins = _nvrtc.library_cubins(Lib(), "sm_90")  # the check
+    assert cubins == {_nvrtc.source_digest(_KERNEL): cubin} and nvrtc_calls == ["sm_90"] and not tvm_calls
+    assert bytes(compile_cuda(_KERNEL)) == b"tvm's"  # outside a builder's block: TVM's own compile
+    assert _nvrtc.library_cubins(Lib(), "sm_80") and nvrtc_calls == ["sm_90", "sm_80"]  # none kept: compiled
 
 
 def test_headers_nvrtc_cannot_compile_with_are_passed_over(tmp_path, monkeypatch):
@@ -136,26 +139,6 @@ def _gpu_visible() -> bool:
 
 needs_gpu = pytest.mark.skipif(not _gpu_visible(), reason="needs an NVIDIA GPU visible to TVM's CUDA runtime "
                                "(none here: CUDA candidates are built above, timing them needs the GPU)")
-
-
-@pytest.mark.slow
-@needs_gpu
-def test_a_candidate_runs_on_the_gpu_from_the_builders_cubin(tmp_path, monkeypatch):
-    target = parse_target("cuda")
-    storm = Storm(parse_kernel("matmul:M=128,N=128,K=128").mod, target, trials=8, seed=0,
-                  config=StormConfig(batch_size=8))
-    mod_json = tvm.ir.save_json(parse_kernel("matmul:M=128,N=128,K=128").mod)
-    runner = _worker._RunnerState(target, None)
-    runner.reference("k", mod_json, 0)
-    _nvrtc._install()  # (the function TVM's runtime calls to compile a source it loads)
-    ran = []
-    for i, cand in enumerate(storm.propose()):
-        built = _worker._build(target, tvm.ir.save_json(cand.mod), str(tmp_path / f"c{i}.so"))
-        monkeypatch.setattr(_nvrtc, "_PREVIOUS", [None])  # any compile at load fails the run
-        result = runner.run("k", built, 1, 3, 1.0, False, True, 0.0)
-        ran.append("run_secs" in result or "wrong" in result)
-    storm.close()
-    assert ran and all(ran)
 
 
 @pytest.mark.slow

@@ -97,11 +97,12 @@ def _build(target: Any, mod_json: str, out_path: str) -> dict:
         raise RuntimeError("the weights' layout rewrite could not be split off the kernel, as a model would")
     t0 = time.perf_counter()
     if cut is None:
-        lib = tvm.build(mod, target=target, pipeline=pipeline())
-        built = {"timed": out_path, "args": shapes(mod["main"]), "pack": None, "codegen_s": time.perf_counter() - t0}
-        if target.kind.name == "cuda":
-            built["cubins"] = _check_cuda(lib, target)
-            built["cubin_bytes"] = sum(map(len, built["cubins"].values())) if built["cubins"] is not None else None
+        with _one_cuda_compile(target):
+            lib = tvm.build(mod, target=target, pipeline=pipeline())
+            built = {"timed": out_path, "args": shapes(mod["main"]), "pack": None,
+                     "codegen_s": time.perf_counter() - t0}
+            if target.kind.name == "cuda":
+                built["cubin_bytes"] = _check_cuda(lib, target)
         lib.export_library(out_path)
         return built
     lib = tvm.build(tvm.IRModule({"main": cut.compute, "pack": cut.pack}), target=target, pipeline=pipeline())
@@ -112,20 +113,42 @@ def _build(target: Any, mod_json: str, out_path: str) -> dict:
     return {"timed": out_path, "args": shapes(cut.compute), "pack": plan, "codegen_s": codegen_s}
 
 
-def _check_cuda(lib: Any, target: Any) -> dict[str, bytes] | None:
-    """Compile the library's CUDA source for the target's arch (as the GPU's runtime would when it
-    loads it): a candidate that does not compile fails here, on the host. Returns the cubins by
-    source digest (``nvrtc.library_cubins``: the runner hands them to the GPU's runtime, which then
-    compiles nothing); None (no check) without the `cuda` extra's NVRTC and headers."""
+def _nvrtc_ready() -> bool:
+    """Whether the `cuda` extra's NVRTC and CUDA headers are here."""
     from stormdrop.tvm_compat import nvrtc as _nvrtc
 
     try:
         import cuda.bindings.nvrtc  # noqa: F401
 
         _nvrtc.cuda_headers()
-    except (ImportError, RuntimeError):  # no NVRTC or no headers: the GPU's runtime compiles it
+    except (ImportError, RuntimeError):
+        return False
+    return True
+
+
+def _one_cuda_compile(target: Any) -> Any:
+    """For a CUDA target with NVRTC here, the block in which ``tvm.build``'s own compile of the
+    CUDA source (on a host with TVM's CUDA runtime) is the one ``_check_cuda`` uses
+    (``nvrtc.compiling``)."""
+    import contextlib
+
+    if target.kind.name != "cuda" or not _nvrtc_ready():
+        return contextlib.nullcontext()
+    from stormdrop.tvm_compat import nvrtc as _nvrtc
+
+    return _nvrtc.compiling(str(target.attrs.get("arch", "")))
+
+
+def _check_cuda(lib: Any, target: Any) -> int | None:
+    """Compile the library's CUDA source for the target's arch, once (``tvm.build`` may have, within
+    ``_one_cuda_compile``; else the GPU's runtime would when it loads it): a candidate that does not
+    compile fails here, on the host. Returns the cubins' size; None (no check) without the `cuda`
+    extra's NVRTC and headers."""
+    from stormdrop.tvm_compat import nvrtc as _nvrtc
+
+    if not _nvrtc_ready():  # no NVRTC or no headers: the GPU's runtime compiles it
         return None
-    return _nvrtc.library_cubins(lib, str(target.attrs.get("arch", "")))
+    return sum(map(len, _nvrtc.library_cubins(lib, str(target.attrs.get("arch", ""))).values()))
 
 
 class DeviceLost(RuntimeError):
@@ -298,23 +321,6 @@ class _RunnerState:
 
     def _run(self, key: str, built: dict, number: int, repeat: int, min_repeat_ms: float,
              cache_flush: bool, check: bool, warmup_ms: float) -> dict:
-        with self._cubins(built):  # (the GPU may compile the library's source at load or at its first call)
-            return self._measure(key, built, number, repeat, min_repeat_ms, cache_flush, check, warmup_ms)
-
-    def _cubins(self, built: dict) -> Any:
-        """A local GPU's runtime loads the builder's cubins (``nvrtc.serving``) instead of compiling
-        the library's CUDA source again."""
-        import contextlib
-
-        if self.kind != "cuda" or self.session is not None or not built.get("cubins"):
-            return contextlib.nullcontext()
-        from stormdrop.tvm_compat import nvrtc as _nvrtc
-
-        major, minor = str(self.dev.compute_version).split(".")
-        return _nvrtc.serving(built["cubins"], int(major) * 10 + int(minor))
-
-    def _measure(self, key: str, built: dict, number: int, repeat: int, min_repeat_ms: float,
-                 cache_flush: bool, check: bool, warmup_ms: float) -> dict:
         import numpy as np
 
         rt_mod = self._load(built["timed"])

@@ -10,10 +10,10 @@ fails on CUDA 13's headers. ``cuda_cubin`` compiles a source to a cubin with the
 extra's NVRTC and headers (same version), or a toolkit's; the builder checks every CUDA
 candidate with it (a source that does not compile is a build error, on the host).
 
-The GPU's runtime compiles a library's CUDA source again when it loads it (through the
-``tvm_callback_cuda_compile`` function TVM registers). ``serving`` answers that call with the
-cubin the builder already made of the same source, for the device's SM, so a candidate is
-compiled once (other sources still go to TVM's function).
+Where TVM's CUDA runtime is present (a GPU's host), ``tvm.build`` itself compiles each CUDA
+source, through the ``tvm_callback_cuda_compile`` function TVM registers, and the check would
+compile it a second time. Within ``compiling(arch)`` that call is answered by ``cuda_cubin`` and
+its cubin kept for the check (``library_cubins``), so a candidate is compiled once either way.
 """
 
 from __future__ import annotations
@@ -104,24 +104,30 @@ def source_digest(source: str | bytes) -> str:
 
 def library_cubins(lib: object, arch: str) -> dict[str, bytes]:
     """Each CUDA module's source in the built library ``lib`` compiled to a cubin for ``arch``,
-    by source digest (a source that does not compile raises NVRTC's error)."""
+    by source digest: the cubin ``tvm.build`` already had made of it within ``compiling``, else
+    compiled now (a source that does not compile raises NVRTC's error)."""
     cubins = {}
     for m in lib.imports:  # type: ignore[attr-defined]
         if m.kind == "cuda":
             source = m.inspect_source()
-            cubins[source_digest(source)] = cuda_cubin(source, arch)
+            key = source_digest(source)
+            cubins[key] = _COMPILED.pop(key, None) or cuda_cubin(source, arch)
     return cubins
 
 
-_SERVED: dict[str, bytes] = {}
+_COMPILED: dict[str, bytes] = {}  # what _compile made within ``compiling``, by source digest
+_ARCH: list[str] = []  # the arch ``compiling`` compiles for, while it is open
 _TVM_CALLBACK = "tvm_callback_cuda_compile"
 _PREVIOUS: list = []  # TVM's own function, once ``_install`` has put ``_compile`` in its place
 
 
 def _compile(code: object, *rest: object) -> bytes:
-    """``tvm_callback_cuda_compile``: the served cubin of ``code``, else TVM's own compile."""
-    cubin = _SERVED.get(source_digest(code if isinstance(code, (str, bytes)) else str(code)))
-    if cubin is not None:
+    """``tvm_callback_cuda_compile``: within ``compiling``, ``cuda_cubin`` (kept for
+    ``library_cubins``); else TVM's own function."""
+    if _ARCH:
+        source = code if isinstance(code, str) else bytes(code).decode() if isinstance(code, bytes) else str(code)
+        cubin = cuda_cubin(source, _ARCH[0])
+        _COMPILED[source_digest(source)] = cubin
         return cubin
     if not _PREVIOUS or _PREVIOUS[0] is None:
         raise RuntimeError("no CUDA compiler is registered with TVM")
@@ -140,25 +146,14 @@ def _install() -> None:
 
 
 @contextlib.contextmanager
-def serving(cubins: dict[str, bytes] | None, sm: int) -> Iterator[None]:
-    """Within the block, the GPU runtime's compile of a CUDA source in ``cubins`` (from
-    ``library_cubins``) returns its cubin instead, when that cubin is machine code for ``sm`` (the
-    device's, e.g. 90); other sources are compiled as before."""
-    usable = {k: v for k, v in (cubins or {}).items() if _cubin_sm_or_none(v) == sm}
-    if not usable:
-        yield
-        return
+def compiling(arch: str) -> Iterator[None]:
+    """Within the block, a CUDA source TVM compiles (``tvm.build`` on a host with TVM's CUDA
+    runtime) is compiled by ``cuda_cubin`` for ``arch`` and its cubin kept for ``library_cubins``
+    of the library built; cubins ``library_cubins`` did not take are dropped at the end."""
     _install()
-    _SERVED.update(usable)
+    _ARCH.append(arch)
     try:
         yield
     finally:
-        for k in usable:
-            _SERVED.pop(k, None)
-
-
-def _cubin_sm_or_none(cubin: bytes) -> int | None:
-    try:
-        return cubin_sm(cubin)
-    except ValueError:
-        return None
+        _ARCH.clear()
+        _COMPILED.clear()
