@@ -227,7 +227,10 @@ def run_meta_schedule(mod: Any, target: Any, trials: int, seed: int, post_opt: b
     """
     import tvm.s_tir.meta_schedule as ms
 
+    from stormdrop.search.storm import design_space
+
     quiet_meta_schedule()
+    load_tensor_intrinsics(target)  # (a GPU's tensor-core space names its intrinsics)
     # As shipped, LocalBuilder starts a new process pool on every batch whose default_build
     # imports every backend's tensor intrinsics (~32 s on this machine), past its own 30 s
     # timeout: every candidate failed to build. MetaSchedule is given stormdrop's cheap
@@ -237,7 +240,8 @@ def run_meta_schedule(mod: Any, target: Any, trials: int, seed: int, post_opt: b
     with tempfile.TemporaryDirectory(prefix="bench-ms-") as work_dir:
         t0 = time.monotonic()
         db = ms.tune_tir(mod, target=target, work_dir=work_dir, max_trials_global=trials,
-                         num_trials_per_iter=64, seed=seed, post_optimization=post_opt, builder=builder)
+                         num_trials_per_iter=64, seed=seed, post_optimization=post_opt, builder=builder,
+                         space=design_space(mod, target))  # stormdrop's: tensor cores for float16 on a GPU
         tuning_s = time.monotonic() - t0
         if post_opt:
             db = ms.database.JSONDatabase(work_dir=work_dir)
@@ -275,11 +279,12 @@ def vendor_latency(op_class: str, args: list[tuple[str, tuple[int, ...], str]],
     """(seconds, library) for NumPy/OpenBLAS (matmuls) or PyTorch (NCHW convs); (None, why) otherwise.
 
     On a CUDA target: PyTorch on the GPU (cuBLAS, cuDNN) in float32 with TF32 off, as TVM's
-    float32 kernels compute."""
+    float32 kernels compute, or in float16 (tensor cores) for a float16 workload."""
     import numpy as np
 
     rng = np.random.default_rng(0)
-    if any(dt != "float32" for _, _, dt in args):
+    dtypes = {dt for _, _, dt in args}
+    if dtypes != {"float32"} and not (device == "cuda" and dtypes == {"float16"}):
         return None, "n/a (dtype)"
     if device == "cuda":
         return _gpu_vendor_latency(op_class, args, params, rng)
@@ -321,7 +326,9 @@ def _gpu_vendor_latency(op_class: str, args: list[tuple[str, tuple[int, ...], st
         return None, "n/a (torch sees no GPU)"
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    ins = [torch.from_numpy(rng.standard_normal(shape, dtype="float32")).cuda() for _, shape, _ in args[:-1]]
+    dtype = str(args[0][2])
+    ins = [torch.from_numpy(rng.standard_normal(shape, dtype="float32")).cuda().to(getattr(torch, dtype))
+           for _, shape, _ in args[:-1]]
     if op_class in ("matmul", "batch_matmul"):
         a, b = ins
         fn, lib = (lambda: torch.matmul(a, b)), "torch cuBLAS"
@@ -342,4 +349,4 @@ def _gpu_vendor_latency(op_class: str, args: list[tuple[str, tuple[int, ...], st
             fn()
         torch.cuda.synchronize()
 
-    return _time_call(run), f"{lib}, fp32"
+    return _time_call(run), f"{lib}, {'fp16' if dtype == 'float16' else 'fp32'}"

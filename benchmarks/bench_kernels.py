@@ -48,6 +48,9 @@ KERNELS = {  # short name -> stormdrop spec (batch 1)
     # GPU-sized (2026-11-26, for the first NVIDIA runs): a CPU takes these too, slowly
     "mm1024": "matmul:M=1024,N=1024,K=1024",
     "r50_c2_b8": "conv2d:N=8,C=64,H=56,W=56,K=64,R=3,S=3,stride=1,pad=1",  # ResNet-50 conv2_x 3x3, batch 8
+    # float16 on a GPU's tensor cores (2026-11-28): stormdrop and MetaSchedule both in the tensor-core space
+    "mm1024_f16": "matmul:M=1024,N=1024,K=1024,dtype=float16",
+    "mm4096_f16": "matmul:M=4096,N=4096,K=4096,dtype=float16",
 }
 TUNERS = ("stormdrop", "ms_same", "ms_3x", "ms_postopt")
 HEADER = ["kernel", "stormdrop latency (us)", "GFLOPS", "tuning s", "trials",

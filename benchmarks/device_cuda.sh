@@ -6,7 +6,8 @@
 #   .gpu1/libtvm_compiler.so.xz   xz -9 of site-packages/tvm/lib/libtvm_compiler.so
 #   .gpu2/tvm_rest.tar.xz         the rest of site-packages/tvm (no cutlass headers, no caches)
 #   .gpu2/*.whl                   cp312 wheels of apache-tvm-ffi==0.1.14.post1, xgboost-cpu, platformdirs
-# (both folders listed in .git/info/exclude). Call 1: `bash benchmarks/device_cuda.sh stage`
+# (both folders listed in .git/info/exclude; `bash benchmarks/device_cuda.sh prepare` makes them here, on the
+# CPU host, from the package index: a few minutes, most of it xz). Call 1: `bash benchmarks/device_cuda.sh stage`
 # carrying .gpu1; call 2, on the still-warm machine: `bash benchmarks/device_cuda.sh run`
 # carrying .gpu2 (env: PYTEST_ARGS, BENCH_S, KERNELS, TRIALS, EXPLOIT, SEEDS, BENCH_ARGS). The run installs into /tmp/site, checks the GPU, runs tests/measure/test_cuda.py
 # (the GPU test included) and benchmarks/bench_kernels.py --target cuda; logs and JSON go to $OUT.
@@ -21,6 +22,23 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/stage /tmp/site
 export PYTHONUNBUFFERED=1
 step=${1:-run}
+
+if [ "$step" = prepare ]; then  # here, not on the GPU machine
+    set -e
+    tmp=$(mktemp -d); mkdir -p .gpu1 .gpu2 .git/info
+    for d in /.gpu1/ /.gpu2/; do grep -qx "$d" .git/info/exclude 2>/dev/null || echo "$d" >> .git/info/exclude; done
+    plat="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64"
+    plat="$plat --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $plat -d "$tmp" \
+        apache-tvm==0.27.0.post1 apache-tvm-ffi==0.1.14.post1 "xgboost-cpu==$(python3 -c 'import xgboost; print(xgboost.__version__)')" platformdirs
+    (cd "$tmp" && python3 -m zipfile -e apache_tvm-*.whl x)
+    rm -f .gpu2/*; cp "$tmp"/apache_tvm_ffi-*.whl "$tmp"/xgboost_cpu-*.whl "$tmp"/platformdirs-*.whl .gpu2/
+    tar -C "$tmp/x" --exclude=tvm/3rdparty/cutlass --exclude=tvm/lib/libtvm_compiler.so --exclude=__pycache__ \
+        -cJf .gpu2/tvm_rest.tar.xz tvm
+    xz -9 -T0 -c "$tmp/x/tvm/lib/libtvm_compiler.so" > .gpu1/libtvm_compiler.so.xz
+    rm -rf "$tmp"; ls -la .gpu1 .gpu2
+    exit 0
+fi
 
 if [ "$step" = stage ]; then
     cp .gpu1/libtvm_compiler.so.xz /tmp/stage/ && ls -la /tmp/stage

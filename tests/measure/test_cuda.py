@@ -62,6 +62,30 @@ def test_cuda_candidates_are_sampled_and_built_to_device_code(tmp_path, arch, mo
     storm.close()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_float16_matmuls_are_sampled_for_tensor_cores_and_built_to_device_code(tmp_path, arch):
+    target = parse_target({"kind": "cuda", "arch": arch})
+    kernel = parse_kernel("matmul:M=256,N=256,K=256,dtype=float16")
+    storm = Storm(kernel.mod, target, trials=4, seed=0,
+                  config=StormConfig(batch_size=4, population_size=32, genetic_num_iters=1, init_min_unmeasured=32))
+    cands = storm.propose()
+    assert cands
+    lib = tvm.build(cands[0].mod, target=target)
+    source = "".join(m.inspect_source() for m in lib.imports if m.kind == "cuda")
+    assert "wmma::mma_sync" in source  # the tensor cores' matrix product, not a scalar loop
+    built = _worker._build(target, tvm.ir.save_json(cands[0].mod), str(tmp_path / "c0.so"))
+    assert built["cubin_bytes"] > 10_000 and _device_sms(cands[0].mod, target) == {int(arch[3:])}
+
+    # the raindrop walks a tensor-core schedule's decisions: its neighbours replay and build
+    space = DecisionSpace(kernel.mod, storm.ctx.space_generator.postprocs, cands[0].sch.trace, num_cores=1)
+    valid = [s for s in (space.apply(p) for p in space.neighbours(space.start, 1)[:12]) if s is not None]
+    assert valid, "no radius-1 neighbour of a tensor-core schedule replays"
+    built = _worker._build(target, tvm.ir.save_json(valid[0].mod), str(tmp_path / "n0.so"))
+    assert built["cubin_bytes"] > 10_000
+    storm.close()
+
+
 class _Source:
     kind = "cuda"
 

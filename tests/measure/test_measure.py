@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import tvm
 from tvm import te
@@ -251,3 +252,14 @@ def test_a_cold_timing_gives_one_flushed_run_per_sample(kernel):
         elapsed = __import__("time").monotonic() - t0
     assert r.ok and len(r.run_secs) == 4
     assert elapsed < 4.0  # one run per sample: min_repeat_ms (4 x 1 s warm) does not apply
+
+
+def test_a_half_precision_output_is_checked_at_its_own_precision():
+    from stormdrop.measure._worker import mismatches
+
+    want = np.linspace(-40.0, 40.0, 64, dtype=np.float32)
+    off = want + 5e-3 * np.abs(want).max()  # a sum over K taken in another order, in float16's last places
+    assert mismatches(off, want).all()  # float32: wrong
+    assert not mismatches(off.astype(np.float16), want.astype(np.float16)).any()
+    assert mismatches((want + 1.0).astype(np.float16), want.astype(np.float16)).all()  # still a check
+    assert mismatches(np.array([1, 2]), np.array([1, 3])).tolist() == [False, True]

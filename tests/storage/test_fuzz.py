@@ -2,7 +2,8 @@
 MetaSchedule JSON databases through ``import``, then ``show`` and ``export`` of what was
 imported, and mutated database rows through ``show`` and ``export``. Never a signal, never a
 traceback: exit 0 or 2, and a refused import leaves the database as it was. And mutated traces
-of a model's convolution: refused by ``check_trace_json`` or replayed by TVM without a crash
+of a model's convolution on a CPU and of a matmul on a GPU (CUDA): refused by ``check_trace_json``
+or replayed by TVM without a crash
 (what ``tune`` and ``bench`` rely on when they replay a database's traces in process).
 
 ``FUZZ_EXAMPLES`` (environment) sets the number of cases of each test (default: CI's, 8 file and
@@ -261,6 +262,25 @@ def conv_traces() -> tuple:
     return mod, out
 
 
+@pytest.fixture(scope="module")
+def cuda_traces() -> tuple:
+    """A GPU kernel, a matmul for an sm_80 CUDA target, and the JSON of the storm's first candidates'
+    traces (thread bindings, shared-memory stages, unroll annotations; the design spaces' default
+    decisions fail the GPU's checks)."""
+    from stormdrop.search.storm import Storm, StormConfig
+    from stormdrop.target import parse_target
+    from stormdrop.workloads import parse_kernel
+
+    mod = parse_kernel("matmul:M=64,N=64,K=64").mod
+    storm = Storm(mod, parse_target({"kind": "cuda", "arch": "sm_80"}), trials=4, seed=0,
+                  config=StormConfig(batch_size=4, population_size=16, genetic_num_iters=1, init_min_unmeasured=16))
+    out = [json.loads(trace_to_json(c.sch.trace)) for c in storm.propose()]
+    storm.close()
+    kinds = {inst[0] for t in out for inst in t[0]}
+    assert {"Bind", "CacheRead", "SamplePerfectTile"} <= kinds, kinds
+    return mod, out
+
+
 @st.composite
 def _trace_mutants(draw, traces):
     """A trace with hostile values (``_mutated``), or an instruction given another kind's name,
@@ -280,11 +300,13 @@ def _trace_mutants(draw, traces):
     return obj
 
 
-def test_mutated_traces_are_refused_or_replayed_without_a_crash(conv_traces) -> None:
+@pytest.mark.parametrize("kernel", ["conv_traces", "cuda_traces"])
+def test_mutated_traces_are_refused_or_replayed_without_a_crash(kernel, request) -> None:
     from tvm.s_tir import Schedule
     from tvm.s_tir.schedule import Trace
 
-    mod, traces = conv_traces
+    mod, traces = request.getfixturevalue(kernel)
+    gpu = "CUDA " if kernel == "cuda_traces" else ""
 
     @settings(SETTINGS, max_examples=TRACE_EXAMPLES)
     @given(_trace_mutants(traces))
@@ -292,7 +314,8 @@ def test_mutated_traces_are_refused_or_replayed_without_a_crash(conv_traces) -> 
         try:
             check_trace_json(obj)
         except ValueError:
-            TALLY["trace refused by check_trace_json"] = TALLY.get("trace refused by check_trace_json", 0) + 1
+            key = f"{gpu}trace refused by check_trace_json"
+            TALLY[key] = TALLY.get(key, 0) + 1
             return
         pid = os.fork()  # TVM's crash would be the child's death by a signal
         if pid == 0:
@@ -304,7 +327,7 @@ def test_mutated_traces_are_refused_or_replayed_without_a_crash(conv_traces) -> 
             os._exit(code)
         _, status = os.waitpid(pid, 0)
         assert not os.WIFSIGNALED(status), (f"TVM died by signal {os.WTERMSIG(status)} on", json.dumps(obj)[:3000])
-        key = "trace replayed by TVM" if os.WEXITSTATUS(status) == 0 else "trace refused by TVM (an exception)"
+        key = gpu + ("trace replayed by TVM" if os.WEXITSTATUS(status) == 0 else "trace refused by TVM (an exception)")
         TALLY[key] = TALLY.get(key, 0) + 1
 
     case()

@@ -336,11 +336,7 @@ class _RunnerState:
                 if got.shape != want.shape:
                     wrong = f"output {i}: shape {got.shape} != {want.shape}"
                     break
-                if np.issubdtype(want.dtype, np.floating):
-                    tol = 1e-3 * max(1.0, float(np.max(np.abs(want))) if want.size else 1.0)
-                    bad = ~np.isclose(got, want, rtol=1e-3, atol=tol)
-                else:
-                    bad = got != want
+                bad = mismatches(got, want)
                 if bad.any():
                     idx = np.unravel_index(int(np.argmax(bad)), bad.shape)
                     wrong = (f"output {i}: {int(bad.sum())} of {bad.size} elements differ "
@@ -359,6 +355,24 @@ class _RunnerState:
         if self.session is not None:
             self.session.remove(os.path.basename(built["timed"]))
         return {"run_secs": secs}
+
+
+# relative tolerance of a candidate's output by dtype: float32's 1e-3, and for the half-precision
+# types a few units of their last place (a product over K sums in another order than the reference's)
+_RTOL = {"float16": 1e-2, "bfloat16": 5e-2}
+
+
+def mismatches(got: Any, want: Any) -> Any:
+    """The elements of a candidate's output ``got`` that differ from the reference ``want``: beyond
+    the dtype's relative tolerance (``_RTOL``, 1e-3 otherwise) of the element and of the largest
+    reference value; exact for integers."""
+    import numpy as np
+
+    if not np.issubdtype(want.dtype, np.floating):
+        return got != want
+    rtol = _RTOL.get(str(want.dtype), 1e-3)
+    tol = rtol * max(1.0, float(np.max(np.abs(want.astype(np.float32)))) if want.size else 1.0)
+    return ~np.isclose(got.astype(np.float32), want.astype(np.float32), rtol=rtol, atol=tol)
 
 
 def _warm_up(func: Any, args: list, dev: Any, ms: float) -> None:

@@ -83,9 +83,27 @@ def make_context(mod: tvm.IRModule, target: Target, *, seed: int, strategy: obje
     """
     load_tensor_intrinsics(target)
     register_default_pool_rules()
-    return ms.TuneContext(mod, target=target, space_generator="post-order-apply",
+    return ms.TuneContext(mod, target=target, space_generator=design_space(mod, target),
                           search_strategy=strategy, task_name=name, rand_state=seed,
                           num_threads=threads or physical_cores())
+
+
+def design_space(mod: tvm.IRModule, target: Target) -> object:
+    """MetaSchedule's design space for ``mod`` on ``target``: its tensor-core one (MultiLevelTiling
+    with the wmma intrinsics, their postprocessors and mutators, and the CUDA rules for the other
+    blocks) for a float16 workload on a GPU that has tensor cores (sm_70 and later), else the
+    target's default (``post-order-apply``)."""
+    if target.kind.name == "cuda" and tensor_cores(target) and any(
+            str(p.dtype) == "float16" for p in mod["main"].params):
+        return ms.space_generator.PostOrderApply(sch_rules="cuda-tensorcore", postprocs="cuda-tensorcore",
+                                                 mutator_probs="cuda-tensorcore")
+    return "post-order-apply"
+
+
+def tensor_cores(target: Target) -> bool:
+    """Whether the CUDA target's arch (``sm_XY``) has tensor cores (Volta, sm_70, and later)."""
+    arch = str(target.attrs.get("arch", ""))
+    return arch.startswith("sm_") and arch[3:5].isdigit() and int(arch[3:5]) >= 70
 
 
 _PRIOR_CACHE: dict[str, tuple[list, object]] = {}

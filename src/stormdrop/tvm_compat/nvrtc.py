@@ -30,7 +30,7 @@ from collections.abc import Iterator
 CUDA_EM_MACHINE = 190  # ELF e_machine of NVIDIA's cubins
 
 
-_NVRTC_PROBE = ('#include <cuda/std/cstdint>\n#include <cuda_fp16.h>\n'
+_NVRTC_PROBE = ('#include <cuda/std/cstdint>\n#include <cuda_fp16.h>\n#include <mma.h>\n'
                  'extern "C" __global__ void probe(half* x) { x[0] = __float2half(1.0f); }\n')
 
 
@@ -50,7 +50,7 @@ def _cuda_roots() -> list[str]:
 @functools.cache
 def cuda_headers() -> tuple[str, tuple[str, ...]]:
     """(CUDA root, extra include folders) with which this process's NVRTC compiles a kernel that
-    includes what TVM's CUDA code includes (cuda/std, cuda_fp16.h): the first of ``_cuda_roots``
+    includes what TVM's CUDA code includes (cuda/std, cuda_fp16.h, and mma.h for tensor cores): the first of ``_cuda_roots``
     that does. A machine's headers may not suit its NVRTC (CUDA 13 headers need 13's NVRTC and the
     cccl folder; a torch install may bring runtime headers without cccl), so each is tried once.
     RuntimeError, with every root's reason, when none compiles."""
