@@ -1,6 +1,7 @@
 """Property-based fuzzing of the files and rows stormdrop reads (Hypothesis, seeded): mutated
-MetaSchedule JSON databases through ``import``, then ``show`` and ``export`` of what was
-imported, and mutated database rows through ``show`` and ``export``. Never a signal, never a
+MetaSchedule JSON databases through ``import``, then ``show``, ``export`` and ``report`` of what
+was imported, and mutated database rows through ``show``, ``export``, ``report`` and ``report
+--compare``. Never a signal, never a
 traceback: exit 0 or 2, and a refused import leaves the database as it was. And mutated traces
 of a model's convolution on a CPU and of a matmul on a GPU (CUDA): refused by ``check_trace_json``
 or replayed by TVM without a crash
@@ -186,6 +187,7 @@ def test_import_of_mutated_metaschedule_files(template: Path, tmp_path_factory, 
             return
         _run(capsys, ["show", "--db", str(db)])
         _run(capsys, ["export", "--db", str(db), "--out", str(d / "out")])
+        _run(capsys, ["report", "--db", str(db), "--out", str(d / "report")])
         shutil.rmtree(d, ignore_errors=True)
 
     case()
@@ -228,6 +230,8 @@ def test_show_and_export_of_mutated_database_rows(template: Path, tmp_path_facto
         before = dump(db)
         _run(capsys, ["show", "--db", str(db)])
         _run(capsys, ["export", "--db", str(db), "--out", str(d / "out")])
+        _run(capsys, ["report", "--db", str(db), "--out", str(d / "report")])
+        _run(capsys, ["report", "--db", str(template / "t.db"), "--compare", str(db), "--out", str(d / "compare")])
         assert dump(db) == before
         TALLY["row cases, database unchanged"] = TALLY.get("row cases, database unchanged", 0) + 1
         shutil.rmtree(d, ignore_errors=True)
