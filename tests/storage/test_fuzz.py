@@ -1,10 +1,9 @@
 """Property-based fuzzing of the files and rows stormdrop reads (Hypothesis, seeded): mutated
 MetaSchedule JSON databases through ``import``, then ``show``, ``export`` and ``report`` of what
 was imported, and mutated database rows through ``show``, ``export``, ``report`` and ``report
---compare``. Never a signal, never a
-traceback: exit 0 or 2, and a refused import leaves the database as it was. And mutated traces
-of a model's convolution on a CPU and of a matmul on a GPU (CUDA): refused by ``check_trace_json``
-or replayed by TVM without a crash
+--compare``. Never a signal, never a traceback: exit 0 or 2, and a refused import leaves the
+database as it was. And mutated traces of a model's convolution on a CPU and of a matmul on a GPU
+(CUDA): refused by ``check_trace_json`` or replayed by TVM without a crash
 (what ``tune`` and ``bench`` rely on when they replay a database's traces in process).
 
 ``FUZZ_EXAMPLES`` (environment) sets the number of cases of each test (default: CI's, 8 file and
