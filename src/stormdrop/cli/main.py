@@ -14,6 +14,7 @@ import signal
 import sys
 import tempfile
 import threading
+from typing import Any
 
 from stormdrop import stop
 from stormdrop.cli.options import build_parser
@@ -65,6 +66,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         return _cmd_tune_model(args)
     kernel = parse_kernel(args.kernel)  # validate input before any slow work
     target = parse_target(args.target)
+    _check_runnable(target, args)
     options = KernelOptions(trials=64 if args.trials is None else args.trials, exploit_trials=args.exploit_trials,
                             time_budget=args.time_budget, seed=args.seed, search=_search_options(args),
                             measure=_measure_config(args), progress=not args.no_progress and sys.stderr.isatty())
@@ -95,6 +97,16 @@ def _raindrop_config(args: argparse.Namespace):
     if args.register_tiles < 0:
         raise SpecError(f"--register-tiles must be >= 0, got {args.register_tiles}")
     return RaindropConfig(pvalue=args.pvalue, register_tiles=args.register_tiles)
+
+
+def _check_runnable(target: Any, args: argparse.Namespace) -> None:
+    """A target whose candidates cannot be measured from here (another CPU's, without an RPC device or
+    a cross compiler) is refused before any work."""
+    from stormdrop.tvm_compat.cross import unrunnable
+
+    why = unrunnable(target, remote=_rpc(args) is not None)
+    if why:
+        raise SpecError(f"--target: {why}")
 
 
 def _measure_config(args: argparse.Namespace):
@@ -131,6 +143,7 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
     from stormdrop.workloads.models import load_model, parse_input_shapes
 
     target = parse_target(args.target)
+    _check_runnable(target, args)
     search = _search_options(args)  # validate options before the model is loaded
     model = load_model(args.model, input_shapes=parse_input_shapes(args.input_shape), batch=args.batch,
                        resolution=args.resolution, seq_len=args.seq_len, seed=args.seed)
@@ -165,6 +178,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     _check_output(args.json, "--json")
     target = parse_target(args.target)
+    _check_runnable(target, args)
     model = load_model(args.model, input_shapes=parse_input_shapes(args.input_shape), batch=args.batch,
                        resolution=args.resolution, seq_len=args.seq_len, seed=args.seed)
     with _open_db(args.db) as db:

@@ -82,6 +82,7 @@ def _build(target: Any, mod_json: str, out_path: str) -> dict:
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
     from stormdrop.lowering.prepack import split
+    from stormdrop.tvm_compat.cross import fcompile
     from stormdrop.tvm_compat.tir_pipeline import pipeline
 
     def shapes(func: Any) -> list:
@@ -103,11 +104,11 @@ def _build(target: Any, mod_json: str, out_path: str) -> dict:
                      "codegen_s": time.perf_counter() - t0}
             if target.kind.name == "cuda":
                 built["cubin_bytes"] = _check_cuda(lib, target)
-        lib.export_library(out_path)
+        lib.export_library(out_path, fcompile=fcompile(target))  # (a cross linker for a foreign CPU)
         return built
     lib = tvm.build(tvm.IRModule({"main": cut.compute, "pack": cut.pack}), target=target, pipeline=pipeline())
     codegen_s = time.perf_counter() - t0
-    lib.export_library(out_path)
+    lib.export_library(out_path, fcompile=fcompile(target))
     plan = {"inputs": list(cut.pack_inputs), "outputs": shapes(cut.pack)[len(cut.pack_inputs):],
             "args": [list(a) for a in cut.compute_args]}
     return {"timed": out_path, "args": shapes(cut.compute), "pack": plan, "codegen_s": codegen_s}
@@ -282,9 +283,11 @@ class _RunnerState:
         if self.session is not None:  # the reference runs where the candidates run
             import tempfile
 
+            from stormdrop.tvm_compat.cross import fcompile
+
             with tempfile.TemporaryDirectory(prefix="stormdrop-ref-") as tmp:
                 path = os.path.join(tmp, f"reference_{abs(hash(key))}.so")
-                rt_mod.export_library(path)
+                rt_mod.export_library(path, fcompile=fcompile(self.target))
                 rt_mod = self._load(path)
         args = [tvm.runtime.tensor(a, self.dev) for a in arrays]
         rt_mod["main"](*args)

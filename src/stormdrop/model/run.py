@@ -153,9 +153,11 @@ def _vm(ex: Any, inputs: dict[str, np.ndarray], target: Target, session: Any = N
         import os
         import tempfile
 
+        from stormdrop.tvm_compat.cross import fcompile
+
         with tempfile.TemporaryDirectory(prefix="stormdrop-model-") as tmp:
             path = os.path.join(tmp, f"model_{os.getpid()}_{id(ex)}.so")
-            ex.export_library(path)
+            ex.export_library(path, fcompile=fcompile(target))  # (a cross linker for a foreign CPU)
             session.upload(path)
             ex = session.load_module(os.path.basename(path))
         dev = session.device(kind)

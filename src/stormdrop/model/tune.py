@@ -248,6 +248,6 @@ def _compile_and_verify(result: ModelResult, model: Model, fused: tvm.IRModule, 
     latency, result.max_abs_error = side_by_side(model, ex, inputs, target, rpc=rpc, untuned=untuned)
     result.latency_s.update(latency)
     if output:
-        export_library(ex, output)
+        export_library(ex, output, target)
     return {str(s.entry.workload_id): cands[min(p, len(cands) - 1)].candidate_key
             for s, cands, p in zip(sessions, ranked, choice.picks) if cands}

@@ -41,15 +41,19 @@ def runtime_threads_env(num_cores: int, env: dict | None = None) -> dict:
 _EXPORT_NOISE = "Warning: Scope Saving:"
 
 
-def export_library(executable: Any, path: str) -> None:
+def export_library(executable: Any, path: str, target: Any = None) -> None:
     """``executable.export_library(path)`` without TVM's per-item "Scope Saving" warnings, and
-    whole or not at all: linked beside ``path``, then renamed over it.
+    whole or not at all: linked beside ``path``, then renamed over it; for a ``target`` of another
+    CPU architecture, by its cross compiler (``cross.fcompile``).
 
     The C++ logger writes to file descriptor 2, out of Python's reach: fd 2 points to a
     temporary file during the call, and every other line is written back to stderr.
     """
     import tempfile
 
+    from stormdrop.tvm_compat.cross import fcompile
+
+    linker = fcompile(target) if target is not None else None
     where, name = os.path.split(os.path.abspath(path))
     partial = os.path.join(where, f".{name}.{os.getpid()}.partial{os.path.splitext(name)[1]}")
     sys.stderr.flush()
@@ -57,7 +61,7 @@ def export_library(executable: Any, path: str) -> None:
     with tempfile.TemporaryFile(mode="w+b") as tmp:
         os.dup2(tmp.fileno(), 2)
         try:
-            executable.export_library(partial)
+            executable.export_library(partial, fcompile=linker)
             os.replace(partial, path)
         finally:
             if os.path.exists(partial):
