@@ -55,9 +55,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default=None,
                    help="write only the tasks of these models' last tunes (comma list of the names the "
                         "databases note them by; default: every workload)")
+    p.add_argument("--isa", default=None,
+                   help="with --write-only: the ISA class to write (e.g. cuda-sm_90 from a database a GPU's tune "
+                        "filled; default: this machine's)")
     args = p.parse_args(argv)
     target = host_target()
-    isa = isa_class(target)
+    isa = args.isa if args.isa and args.write_only else isa_class(target)
+    if args.isa and not args.write_only:
+        print("build_hub: --isa goes with --write-only (this machine tunes for its own ISA class)", file=sys.stderr)
+        return 2
     if isa is None:
         print(f"build_hub: no ISA class for {describe(target)}", file=sys.stderr)
         return 2

@@ -236,3 +236,24 @@ def test_a_tune_starts_from_the_hubs_schedule_of_the_same_workload(tmp_path):
                         db=tmp_path / "other.db").tasks[0]
     assert other.trials["reuse"] == 0
     assert _digest(out) == before
+
+
+@pytest.mark.parametrize("isa, target", [
+    ("x86-avx512", {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}),
+    ("x86-avx2", {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}),
+    ("cuda-sm_90", {"kind": "cuda", "arch": "sm_90"}),
+])
+def test_every_shipped_hub_is_read_for_its_class_and_its_workloads_decode(isa, target):
+    from stormdrop.target import parse_target
+
+    t = parse_target(target)
+    path = hub.shipped_path(hub.isa_class(t))  # (the tests' environment turns the hub off)
+    assert path is not None and path.name == f"{isa}.jsonl.gz"
+    about = hub.info(path)
+    assert about.isa == isa and about.workloads > 0 and about.records >= about.workloads
+    donor = hub.open_hub(t, str(path))
+    try:
+        entries = donor.workloads()
+        assert len(entries) == about.workloads and all(e.mod is not None for e in entries)
+    finally:
+        donor.close()
