@@ -13,8 +13,9 @@
 # (the GPU test included) and benchmarks/bench_kernels.py --target cuda; logs and JSON go to $OUT.
 # MODEL=resnet18 (MODEL_ARGS="--resolution 56", MODEL_BUDGET=240): then `tune --model` on the GPU, with
 # -vv logging to $OUT/model.log. GPU_MODEL=resnet18 (GPU_MODEL_ARGS, MODEL_BUDGET): benchmarks/gpu_model.py,
-# torchvision's network exported, tuned and timed against PyTorch on the GPU ($OUT: gpu_model.json,
-# model.json, model.log, model.db). THROUGHPUT=1 (TP_ARGS): benchmarks/bench_cuda_throughput.py, candidates per
+# torchvision's network exported, tuned and timed against PyTorch on the GPU ($OUT: gpu_model.json, and
+# gpu_model.tgz with each tune's JSON, log and database; GPU_MODEL_ARGS="--hub ab": with and without the hub).
+# $OUT takes 8 files at most: the kernels' table is printed (bench.log), not kept as a file. THROUGHPUT=1 (TP_ARGS): benchmarks/bench_cuda_throughput.py, candidates per
 # minute of stormdrop's gateway and MetaSchedule's builder/runner ($OUT/results_cuda_throughput.json).
 # BENCH_S=0 skips the kernels.
 set -u
@@ -79,7 +80,7 @@ if [ -n "${THROUGHPUT:-}" ]; then
 fi
 [ "${BENCH_S:-330}" = 0 ] || timeout -s INT "${BENCH_S:-330}" python3 benchmarks/bench_kernels.py --target cuda \
     --kernels "${KERNELS:-mm1024,r50_c2_b8}" --trials "${TRIALS:-64}" --exploit-trials "${EXPLOIT:-32}" \
-    --seeds "${SEEDS:-0}" ${BENCH_ARGS:---skip-3x --no-postopt} --json "$OUT/results_kernels_cuda.json" --out "$OUT/RESULTS_cuda.md" 2>&1 | tee "$OUT/bench.log"
+    --seeds "${SEEDS:-0}" ${BENCH_ARGS:---skip-3x --no-postopt} --json "$OUT/results_kernels_cuda.json" --out /tmp/RESULTS_cuda.md 2>&1 | tee "$OUT/bench.log"
 echo "done at $(( $(date +%s) - t0 )) s"
 if [ -n "${MODEL:-}" ]; then
     timeout -s INT $(( ${MODEL_BUDGET:-240} + 120 )) python3 -m stormdrop.cli.main -vv tune --model "$MODEL" ${MODEL_ARGS:---resolution 56} \
@@ -92,6 +93,7 @@ if [ -n "${GPU_MODEL:-}" ]; then
     timeout -s INT $(( ${MODEL_BUDGET:-240} + 240 )) python3 benchmarks/gpu_model.py --network "$GPU_MODEL" \
         --budget "${MODEL_BUDGET:-240}" ${GPU_MODEL_ARGS:-} --out /tmp/gm 2>&1 | grep -v "^\[torch.onnx\]"
     echo "GPU model exit ${PIPESTATUS[0]} at $(( $(date +%s) - t0 )) s"
-    for f in gpu_model.json model.json model.log model.db; do [ -f /tmp/gm/$f ] && cp /tmp/gm/$f "$OUT/"; done
-    grep -v "^\[" /tmp/gm/model.log | tail -25
+    cp /tmp/gm/gpu_model.json "$OUT/" 2>/dev/null  # and the tunes' JSON, logs and databases in one file
+    (cd /tmp/gm && tar -czf "$OUT/gpu_model.tgz" $(ls model*.json model*.log model*.db 2>/dev/null))
+    for f in /tmp/gm/model*.log; do grep -v "^\[" "$f" | tail -25; done
 fi

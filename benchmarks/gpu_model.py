@@ -11,7 +11,9 @@ and timed beside PyTorch on the same GPU, batch 1, fp32:
 
 Every latency is the median of 5 means of >= 100 ms of back-to-back runs (stormdrop's model
 timer, ``stormdrop.model.run``, on the Relax VM; PyTorch's synchronized at each mean's end).
-Writes ``OUT/gpu_model.json`` and prints one table row. Needs ``torch``, ``torchvision`` and
+With ``--hub ab`` the network is tuned twice, with the shipped schedule hub and without (each tune
+times its own model; a GPU's timings are steadier than a shared CPU's). Writes ``OUT/gpu_model.json``
+and prints one table row an arm. Needs ``torch``, ``torchvision`` and
 ``onnxscript`` beside stormdrop (the lent GPU machine has them; ``benchmarks/device_cuda.sh``
 runs this with MODEL=...). ``--device cpu --target llvm`` rehearses every step on a CPU host.
 
@@ -103,6 +105,31 @@ def compiled_latency(module, x, sync, limit_s: float) -> dict:
     return out
 
 
+def tune_arm(args: argparse.Namespace, manifest: dict, arm: str) -> dict:
+    """``stormdrop tune`` of the exported network in a process of its own (the shipped schedule hub on,
+    or off: ``arm``), with its files under OUT named by the arm; the row of its figures."""
+    tag = "" if arm == "hub" else "_nohub"
+    tuned_json = os.path.join(args.out, f"model{tag}.json")
+    cmd = [args.stormdrop_python, "-m", "stormdrop.cli.main", "-vv", "tune", "--model",
+           os.path.join(args.out, manifest["file"]), "--target", args.target, "--time-budget", str(args.budget),
+           "--db", os.path.join(args.out, f"model{tag}.db"), "--json", tuned_json, "--no-progress"]
+    env = dict(os.environ, **({"STORMDROP_HUB": "off"} if arm == "no hub" else {}))
+    t1 = time.monotonic()
+    with open(os.path.join(args.out, f"model{tag}.log"), "w") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+    wall = time.monotonic() - t1
+    print(f"stormdrop tune ({arm}) exit {rc} after {wall:.0f} s", flush=True)
+    tuned = json.load(open(tuned_json)) if rc == 0 else {}
+    latency = tuned.get("latency_s", {})
+    return {"network": args.network, "resolution": args.resolution, "batch": 1, "budget_s": args.budget, "hub": arm,
+            "command": ("STORMDROP_HUB=off " if arm == "no hub" else "") + " ".join(cmd[1:]), "stormdrop_exit": rc,
+            "stormdrop_wall_s": round(wall, 1), "target": tuned.get("target"), "tuning_s": tuned.get("tuning_s"),
+            "stormdrop_s": latency.get("tuned"), "onnxruntime_cpu_s": latency.get("onnxruntime"),
+            "tasks": len(tuned.get("tasks", [])),
+            "trials": sum(sum(t.get("trials", {}).values()) for t in tuned.get("tasks", [])),
+            "faster_after_s": tuned.get("faster_after_s"), "export": manifest}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--network", default="resnet18", choices=NETWORKS)
@@ -111,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile-s", type=float, default=120, help="torch.compile's time limit (s)")
     p.add_argument("--target", default="cuda")
     p.add_argument("--device", default="cuda", help="PyTorch's device (cpu: a rehearsal)")
+    p.add_argument("--hub", default="on", choices=["on", "off", "ab"],
+                   help="the shipped schedule hub (cuda-sm_90 holds resnet18 at 224): on, off, or one tune each (ab)")
     p.add_argument("--stormdrop-python", default=sys.executable)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
@@ -122,38 +151,26 @@ def main(argv: list[str] | None = None) -> int:
     module, x, sync, facts = pytorch_session(args.network, args.resolution, args.device)
     peers = {**facts, "eager_s": eager_latency(module, x, sync), "compile_s": None}
     print(f"PyTorch eager: {peers['eager_s'] * 1e3:.3f} ms", flush=True)
-    tuned_json = os.path.join(args.out, "model.json")
-    cmd = [args.stormdrop_python, "-m", "stormdrop.cli.main", "-vv", "tune", "--model",
-           os.path.join(args.out, manifest["file"]), "--target", args.target, "--time-budget", str(args.budget),
-           "--db", os.path.join(args.out, "model.db"), "--json", tuned_json, "--no-progress"]
-    t1 = time.monotonic()
-    with open(os.path.join(args.out, "model.log"), "w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
-    wall = time.monotonic() - t1
-    print(f"stormdrop tune exit {rc} after {wall:.0f} s", flush=True)
-    tuned = json.load(open(tuned_json)) if rc == 0 else {}
-    latency = tuned.get("latency_s", {})
-    row = {"network": args.network, "resolution": args.resolution, "batch": 1, "budget_s": args.budget,
-           "command": " ".join(cmd[1:]), "stormdrop_exit": rc, "stormdrop_wall_s": round(wall, 1),
-           "target": tuned.get("target"), "tuning_s": tuned.get("tuning_s"),
-           "stormdrop_s": latency.get("tuned"), "onnxruntime_cpu_s": latency.get("onnxruntime"),
-           "tasks": len(tuned.get("tasks", [])),
-           "trials": sum(sum(t.get("trials", {}).values()) for t in tuned.get("tasks", [])),
-           "pytorch": peers, "export": manifest}
+    rows = []
+    for arm in (("hub", "no hub") if args.hub == "ab" else ("hub" if args.hub == "on" else "no hub",)):
+        rows.append(tune_arm(args, manifest, arm))
+        rows[-1]["pytorch"] = peers
     path = os.path.join(args.out, "gpu_model.json")
     for final in (False, True):  # written before torch.compile too: a run cut there keeps the rest
         if final:
             peers.update(compiled_latency(module, x, sync, args.compile_s))
         with open(path, "w") as f:
-            json.dump(row, f, indent=1)
+            json.dump(rows[0] if len(rows) == 1 else {"arms": rows}, f, indent=1)
 
     def ms(s):
         return "-" if s is None else f"{s * 1e3:.3f}"
 
-    print("| network | stormdrop ms | tuning s | trials | PyTorch eager ms | torch.compile ms | eager / stormdrop |")
-    ratio = f"{peers['eager_s'] / row['stormdrop_s']:.2f}" if row["stormdrop_s"] else "-"
-    print(f"| {args.network} {args.resolution} | {ms(row['stormdrop_s'])} | {row['tuning_s']} | {row['trials']} | "
-          f"{ms(peers['eager_s'])} | {ms(peers['compile_s'])} | {ratio} |")
+    print("| network | hub | stormdrop ms | tuning s | trials | PyTorch eager ms | torch.compile ms | eager / stormdrop |")
+    for row in rows:
+        ratio = f"{peers['eager_s'] / row['stormdrop_s']:.2f}" if row["stormdrop_s"] else "-"
+        print(f"| {args.network} {args.resolution} | {row['hub']} | {ms(row['stormdrop_s'])} | {row['tuning_s']} | "
+              f"{row['trials']} | {ms(peers['eager_s'])} | {ms(peers['compile_s'])} | {ratio} |")
+    rc = max(row["stormdrop_exit"] for row in rows)
     return 0 if rc == 0 else 1
 
 
