@@ -10,7 +10,9 @@ turns, one batch each a round, after one untimed batch each (processes started, 
   ``bench_kernels.py`` does) and ``LocalRunner`` with their defaults (no output check).
 
 stormdrop checks each candidate's outputs and takes 5 samples of >= 20 ms; MetaSchedule's
-runner one sample of >= 100 ms. ``--target llvm`` rehearses every step on a CPU host.
+runner one sample of >= 100 ms. The JSON is written after every batch (a run cut short keeps its
+batches; its totals then count round 0 where no later round ended). ``--target llvm`` rehearses every
+step on a CPU host.
 
     python benchmarks/bench_cuda_throughput.py --candidates 32 --rounds 2 --json OUT.json
 """
@@ -86,33 +88,45 @@ def main(argv: list[str] | None = None) -> int:
     storm.close()
     print(f"{len(mods)} candidates of {args.kernel} on {canonical(target)}", flush=True)
     arms = {"stormdrop": stormdrop_arm(target, kernel.name, kernel.mod), "MetaSchedule": meta_schedule_arm(target)}
-    seconds = dict.fromkeys(arms, 0.0)
-    ok = dict.fromkeys(arms, 0)
+    rounds = []  # (round, arm, candidates, ok, seconds): round 0 untimed (processes start, TVM loads)
     with tempfile.TemporaryDirectory():
-        for rnd in range(args.rounds + 1):  # round 0: untimed (processes start, TVM loads)
+        for rnd in range(args.rounds + 1):
             for name, (measure, _) in arms.items():
                 t0 = time.monotonic()
                 good = measure(mods)
-                if rnd:
-                    seconds[name] += time.monotonic() - t0
-                    ok[name] += good
-                print(f"round {rnd} {name}: {good}/{len(mods)} ok in {time.monotonic() - t0:.1f} s", flush=True)
+                rounds.append((rnd, name, len(mods), good, time.monotonic() - t0))
+                print(f"round {rnd} {name}: {good}/{len(mods)} ok in {rounds[-1][-1]:.1f} s", flush=True)
+                write_json(args, canonical(target), rounds)  # after every batch: a run cut short keeps what it did
     for _, close in arms.values():
         close()
-    rows = []
     print("| arm | candidates | ok | seconds | candidates / min | vs MetaSchedule |")
     print("| --- | --- | --- | --- | --- | --- |")
-    per_min = {n: len(mods) * args.rounds * 60 / seconds[n] for n in arms}
-    for name in arms:
-        rows.append({"arm": name, "candidates": len(mods) * args.rounds, "ok": ok[name],
-                     "seconds": round(seconds[name], 2), "per_min": round(per_min[name], 1)})
-        print(f"| {name} | {len(mods) * args.rounds} | {ok[name]} | {seconds[name]:.1f} | {per_min[name]:.1f} | "
-              f"{per_min[name] / per_min['MetaSchedule']:.2f} |")
+    rows = totals(rounds)
+    ms_per_min = next(r["per_min"] for r in rows if r["arm"] == "MetaSchedule")
+    for row in rows:
+        print(f"| {row['arm']} | {row['candidates']} | {row['ok']} | {row['seconds']:.1f} | {row['per_min']:.1f} | "
+              f"{row['per_min'] / ms_per_min:.2f} |")
+    return 0
+
+
+def totals(rounds: list[tuple]) -> list[dict]:
+    """Each arm's timed rounds (1 and later; round 0 where none other finished) summed."""
+    out = []
+    for name in dict.fromkeys(r[1] for r in rounds):
+        mine = [r for r in rounds if r[1] == name]
+        timed = [r for r in mine if r[0] > 0] or mine
+        n, secs = sum(r[2] for r in timed), sum(r[4] for r in timed)
+        out.append({"arm": name, "rounds": sorted({r[0] for r in timed}), "candidates": n,
+                    "ok": sum(r[3] for r in timed), "seconds": round(secs, 2), "per_min": round(n * 60 / secs, 1)})
+    return out
+
+
+def write_json(args: argparse.Namespace, target: str, rounds: list[tuple]) -> None:
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": " ".join(sys.argv), "target": canonical(target), "kernel": args.kernel,
-                       "rows": rows}, f, indent=1)
-    return 0
+            json.dump({"command": " ".join(sys.argv), "target": target, "kernel": args.kernel, "rows": totals(rounds),
+                       "batches": [dict(zip(("round", "arm", "candidates", "ok", "seconds"), r)) for r in rounds]},
+                      f, indent=1)
 
 
 if __name__ == "__main__":
