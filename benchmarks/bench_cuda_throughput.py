@@ -24,7 +24,6 @@ import functools
 import json
 import os
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -89,14 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(mods)} candidates of {args.kernel} on {canonical(target)}", flush=True)
     arms = {"stormdrop": stormdrop_arm(target, kernel.name, kernel.mod), "MetaSchedule": meta_schedule_arm(target)}
     rounds = []  # (round, arm, candidates, ok, seconds): round 0 untimed (processes start, TVM loads)
-    with tempfile.TemporaryDirectory():
-        for rnd in range(args.rounds + 1):
-            for name, (measure, _) in arms.items():
-                t0 = time.monotonic()
-                good = measure(mods)
-                rounds.append((rnd, name, len(mods), good, time.monotonic() - t0))
-                print(f"round {rnd} {name}: {good}/{len(mods)} ok in {rounds[-1][-1]:.1f} s", flush=True)
-                write_json(args, canonical(target), rounds)  # after every batch: a run cut short keeps what it did
+    for rnd in range(args.rounds + 1):
+        for name, (measure, _) in arms.items():
+            t0 = time.monotonic()
+            good = measure(mods)
+            rounds.append((rnd, name, len(mods), good, time.monotonic() - t0))
+            print(f"round {rnd} {name}: {good}/{len(mods)} ok in {rounds[-1][-1]:.1f} s", flush=True)
+            write_json(args, canonical(target), rounds)  # after every batch: a run cut short keeps what it did
     for _, close in arms.values():
         close()
     print("| arm | candidates | ok | seconds | candidates / min | vs MetaSchedule |")

@@ -255,7 +255,7 @@ def test_a_cold_timing_gives_one_flushed_run_per_sample(kernel):
 
 
 def test_a_half_precision_output_is_checked_at_its_own_precision():
-    from stormdrop.measure._worker import mismatches
+    from stormdrop.measure.outputs import mismatches
 
     want = np.linspace(-40.0, 40.0, 64, dtype=np.float32)
     off = want + 5e-3 * np.abs(want).max()  # a sum over K taken in another order, in float16's last places

@@ -77,11 +77,14 @@ def _build(target: Any, mod_json: str, out_path: str) -> dict:
     arguments comes from (``prepack.Split``). A candidate the cut fails on is a build error:
     a model could not deploy it either.
     """
+    import contextlib
+
     import tvm
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
     from stormdrop.lowering.prepack import split
+    from stormdrop.tvm_compat import nvrtc as _nvrtc
     from stormdrop.tvm_compat.cross import fcompile
     from stormdrop.tvm_compat.tir_pipeline import pipeline
 
@@ -98,12 +101,15 @@ def _build(target: Any, mod_json: str, out_path: str) -> dict:
         raise RuntimeError("the weights' layout rewrite could not be split off the kernel, as a model would")
     t0 = time.perf_counter()
     if cut is None:
-        with _one_cuda_compile(target):
+        # a CUDA library is compiled once, on the host, where the `cuda` extra's NVRTC is here: by
+        # tvm.build itself on a GPU's host, else by the check (None: the GPU's runtime compiles it)
+        arch = str(target.attrs.get("arch", "")) if target.kind.name == "cuda" and _nvrtc.ready() else None
+        with _nvrtc.compiling(arch) if arch else contextlib.nullcontext():
             lib = tvm.build(mod, target=target, pipeline=pipeline())
             built = {"timed": out_path, "args": shapes(mod["main"]), "pack": None,
                      "codegen_s": time.perf_counter() - t0}
-            if target.kind.name == "cuda":
-                built["cubin_bytes"] = _check_cuda(lib, target)
+            if target.kind.name == "cuda":  # a source that does not compile fails here, on the host
+                built["cubin_bytes"] = sum(map(len, _nvrtc.library_cubins(lib, arch).values())) if arch else None
         lib.export_library(out_path, fcompile=fcompile(target))  # (a cross linker for a foreign CPU)
         return built
     lib = tvm.build(tvm.IRModule({"main": cut.compute, "pack": cut.pack}), target=target, pipeline=pipeline())
@@ -112,44 +118,6 @@ def _build(target: Any, mod_json: str, out_path: str) -> dict:
     plan = {"inputs": list(cut.pack_inputs), "outputs": shapes(cut.pack)[len(cut.pack_inputs):],
             "args": [list(a) for a in cut.compute_args]}
     return {"timed": out_path, "args": shapes(cut.compute), "pack": plan, "codegen_s": codegen_s}
-
-
-def _nvrtc_ready() -> bool:
-    """Whether the `cuda` extra's NVRTC and CUDA headers are here."""
-    from stormdrop.tvm_compat import nvrtc as _nvrtc
-
-    try:
-        import cuda.bindings.nvrtc  # noqa: F401
-
-        _nvrtc.cuda_headers()
-    except (ImportError, RuntimeError):
-        return False
-    return True
-
-
-def _one_cuda_compile(target: Any) -> Any:
-    """For a CUDA target with NVRTC here, the block in which ``tvm.build``'s own compile of the
-    CUDA source (on a host with TVM's CUDA runtime) is the one ``_check_cuda`` uses
-    (``nvrtc.compiling``)."""
-    import contextlib
-
-    if target.kind.name != "cuda" or not _nvrtc_ready():
-        return contextlib.nullcontext()
-    from stormdrop.tvm_compat import nvrtc as _nvrtc
-
-    return _nvrtc.compiling(str(target.attrs.get("arch", "")))
-
-
-def _check_cuda(lib: Any, target: Any) -> int | None:
-    """Compile the library's CUDA source for the target's arch, once (``tvm.build`` may have, within
-    ``_one_cuda_compile``; else the GPU's runtime would when it loads it): a candidate that does not
-    compile fails here, on the host. Returns the cubins' size; None (no check) without the `cuda`
-    extra's NVRTC and headers."""
-    from stormdrop.tvm_compat import nvrtc as _nvrtc
-
-    if not _nvrtc_ready():  # no NVRTC or no headers: the GPU's runtime compiles it
-        return None
-    return sum(map(len, _nvrtc.library_cubins(lib, str(target.attrs.get("arch", ""))).values()))
 
 
 class DeviceLost(RuntimeError):
@@ -324,7 +292,7 @@ class _RunnerState:
 
     def _run(self, key: str, built: dict, number: int, repeat: int, min_repeat_ms: float,
              cache_flush: bool, check: bool, warmup_ms: float) -> dict:
-        import numpy as np
+        from stormdrop.measure.outputs import difference
 
         rt_mod = self._load(built["timed"])
         args, params = self._args(key, rt_mod, built.get("pack"))
@@ -333,17 +301,7 @@ class _RunnerState:
             rt_mod["main"](*args)
             self.dev.sync()
             for arg, i in zip(args, params):
-                if i not in self.outputs[key]:
-                    continue
-                got, want = arg.numpy(), self.expected[key][i]
-                if got.shape != want.shape:
-                    wrong = f"output {i}: shape {got.shape} != {want.shape}"
-                    break
-                bad = mismatches(got, want)
-                if bad.any():
-                    idx = np.unravel_index(int(np.argmax(bad)), bad.shape)
-                    wrong = (f"output {i}: {int(bad.sum())} of {bad.size} elements differ "
-                             f"from the reference (at {tuple(int(x) for x in idx)}: {got[idx]} vs {want[idx]})")
+                if i in self.outputs[key] and (wrong := difference(i, arg.numpy(), self.expected[key][i])):
                     break
         if wrong:
             return {"wrong": wrong}
@@ -358,24 +316,6 @@ class _RunnerState:
         if self.session is not None:
             self.session.remove(os.path.basename(built["timed"]))
         return {"run_secs": secs}
-
-
-# relative tolerance of a candidate's output by dtype: float32's 1e-3, and for the half-precision
-# types a few units of their last place (a product over K sums in another order than the reference's)
-_RTOL = {"float16": 1e-2, "bfloat16": 5e-2}
-
-
-def mismatches(got: Any, want: Any) -> Any:
-    """The elements of a candidate's output ``got`` that differ from the reference ``want``: beyond
-    the dtype's relative tolerance (``_RTOL``, 1e-3 otherwise) of the element and of the largest
-    reference value; exact for integers."""
-    import numpy as np
-
-    if not np.issubdtype(want.dtype, np.floating):
-        return got != want
-    rtol = _RTOL.get(str(want.dtype), 1e-3)
-    tol = rtol * max(1.0, float(np.max(np.abs(want.astype(np.float32)))) if want.size else 1.0)
-    return ~np.isclose(got.astype(np.float32), want.astype(np.float32), rtol=rtol, atol=tol)
 
 
 def _warm_up(func: Any, args: list, dev: Any, ms: float) -> None:

@@ -66,6 +66,17 @@ def cuda_headers() -> tuple[str, tuple[str, ...]]:
                        "to a toolkit)" + (": " + " | ".join(tried) if tried else ""))
 
 
+def ready() -> bool:
+    """Whether NVRTC's Python bindings (the `cuda` extra) and CUDA headers it compiles with are here."""
+    try:
+        import cuda.bindings.nvrtc  # noqa: F401
+
+        cuda_headers()
+    except (ImportError, RuntimeError):
+        return False
+    return True
+
+
 def _nvrtc_cubin(source: str, arch: str, root: str, includes: tuple[str, ...]) -> bytes:
     from tvm.support import nvcc
 
@@ -125,7 +136,7 @@ def _compile(code: object, *rest: object) -> bytes:
     """``tvm_callback_cuda_compile``: within ``compiling``, ``cuda_cubin`` (kept for
     ``library_cubins``); else TVM's own function."""
     if _ARCH:
-        source = code if isinstance(code, str) else bytes(code).decode() if isinstance(code, bytes) else str(code)
+        source = code.decode() if isinstance(code, bytes) else str(code)
         cubin = cuda_cubin(source, _ARCH[0])
         _COMPILED[source_digest(source)] = cubin
         return cubin
