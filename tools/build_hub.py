@@ -7,6 +7,10 @@ the best few records of every workload as the hub file that ships with the packa
     python tools/build_hub.py --db hub-build.db --write-only   # the hub from what is stored
     python tools/build_hub.py --db hub-build.db --write-only --also keep/convnext_tiny.db  # and another's
 
+A hub grows: the workloads of the hub file already at the output path are kept (``--replace``:
+written from the databases alone), so another set of networks can be tuned into a new build
+database and added later.
+
 Resumable: the build database is stormdrop's own (a killed build loses nothing; running it again
 tunes each network for its time budget once more, from where it stood). The hub is written to
 ``src/stormdrop/storage/hubs/<isa>.jsonl.gz`` unless ``--out`` says otherwise; check it with
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from stormdrop import tune_model
 from stormdrop.lowering.pipeline import Lowering
@@ -55,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default=None,
                    help="write only the tasks of these models' last tunes (comma list of the names the "
                         "databases note them by; default: every workload)")
+    p.add_argument("--replace", action="store_true",
+                   help="write the hub from the databases alone (default: the workloads of the hub file already "
+                        "at the output path are kept, those the databases hold too once, where fastest)")
     p.add_argument("--isa", default=None,
                    help="with --write-only: the ISA class to write (e.g. cuda-sm_90 from a database a GPU's tune "
                         "filled; default: this machine's)")
@@ -79,9 +87,10 @@ def main(argv: list[str] | None = None) -> int:
             shown = f"{tuned * 1e3:.3f} ms" if tuned else "not timed"
             print(f"{spec}: {shown} tuned, {time.monotonic() - t0:.0f} s", flush=True)
     out = args.out or str(SHIPPED_DIR / f"{isa}{SUFFIX}")
+    base = None if args.replace or not Path(out).is_file() else Path(out)
     dbs = [Database(path, read_only=True) for path in [args.db, *args.also]]
     try:
-        got = write_hub(dbs, out, isa, models=None if args.models is None else
+        got = write_hub(dbs, out, isa, base=base, models=None if args.models is None else
                         {m.strip() for m in args.models.split(",") if m.strip()})
     finally:
         for db in dbs:

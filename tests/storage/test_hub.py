@@ -118,6 +118,23 @@ def test_a_hub_is_written_from_a_database_and_read_back_as_a_donor_of_the_runs_t
     assert "models: net512" in shown
 
 
+def test_a_hub_grows_from_its_own_file_without_its_earlier_build_databases(tmp_path, source_db):
+    path, _, _ = source_db
+    first = tmp_path / "first.jsonl.gz"
+    with Database(path, read_only=True) as db:
+        hub.write_hub(db, first, "x86-avx512", per_workload=1)
+    with Database(tmp_path / "empty.db") as empty:  # a new build database that holds other workloads only
+        grown = hub.write_hub(empty, tmp_path / "grown.jsonl.gz", "x86-avx512", base=first)
+        assert (grown.workloads, grown.records, grown.machines, grown.models) == (1, 1, (AVX512,), ("net512",))
+        assert hub.write_hub(empty, tmp_path / "alone.jsonl.gz", "x86-avx512").workloads == 0  # no base: none
+        with pytest.raises(DatabaseError, match="x86-avx512, not x86-avx2"):
+            hub.write_hub(empty, tmp_path / "avx2.jsonl.gz", "x86-avx2", base=first)
+    with Database(path, read_only=True) as db:  # the same workload in the base and a database: once
+        both = hub.write_hub(db, tmp_path / "both.jsonl.gz", "x86-avx512", per_workload=2, base=first)
+    assert both.workloads == 1
+    assert _hub_lines(tmp_path / "grown.jsonl.gz")[1:] == _hub_lines(first)[1:]  # kept as written there
+
+
 def test_a_hub_written_for_some_models_holds_their_tasks_only(tmp_path, source_db):
     path, wid, _ = source_db
     with Database(path, read_only=True) as db:  # net512's note names no task

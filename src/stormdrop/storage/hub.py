@@ -274,16 +274,28 @@ def _noted(db: Database, isa: str, models: Collection[str] | None) -> tuple[set[
 
 
 def write_hub(db: Database | Sequence[Database], path: str | os.PathLike, isa: str, *,
-              per_workload: int = PER_WORKLOAD, models: Collection[str] | None = None) -> HubInfo:
+              per_workload: int = PER_WORKLOAD, models: Collection[str] | None = None,
+              base: str | os.PathLike | None = None) -> HubInfo:
     """Write the hub of ``isa`` from ``db`` (one database or several): every workload with valid
     records measured on a target of that ISA class (not imported ones), its ``per_workload``
     fastest; a workload in several databases or measured on several machines once, where its best
-    is fastest. ``models``: only the tasks of these models' last tunes (their notes). Written
-    aside, then moved in place. Returns what was written."""
+    is fastest. ``models``: only the tasks of these models' last tunes (their notes). ``base``: a
+    hub file of the same ISA class whose workloads are kept as they are written there (a
+    workload the databases hold too: once, where its best is fastest), its machines and models
+    in the header too: a hub grows without its earlier build databases. Written aside, then
+    moved in place. Returns what was written."""
     dbs = [db] if isinstance(db, Database) else list(db)
     machines: set[str] = set()
     rows: list[dict] = []
     names: set[str] = set()
+    if base is not None:
+        lines = _lines(Path(base))
+        head = _header(Path(base), lines)
+        if head["isa"] != isa:
+            raise DatabaseError(f"hub {base} is of ISA class {head['isa']}, not {isa}")
+        machines |= {str(m) for m in head.get("machines", [])}
+        names |= {str(m) for m in head.get("models", [])}
+        rows += [row for _, row in lines]
     for one in dbs:
         noted, allowed = _noted(one, isa, models)
         names |= noted
