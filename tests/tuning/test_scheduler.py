@@ -226,6 +226,34 @@ def test_first_rounds_that_cannot_all_fit_shrink_so_the_run_ends_by_its_deadline
     assert budget.first_round_limit(3, [warm_up, (10.0, 4)], -5.0) == 1  # never fewer than one
 
 
+def test_a_budget_too_short_for_one_candidate_a_task_says_so_once(monkeypatch, caplog):
+    # 2 s a candidate, 10 tasks, 40 s: the first two rounds (8 candidates each) take 32 s, and the 8
+    # tasks left need 16 s for one candidate each (nothing is left once the finish is kept): 4 are
+    # reached by the deadline, 4 stay untuned, and the user is told once (a 62-task model given 60 s
+    # came out 8-12x slower than ONNX Runtime, silently)
+    from stormdrop.tuning import budget, driver
+
+    clock = [0.0]
+    monkeypatch.setattr(driver, "verify_bests", lambda sessions: None)
+    sessions = [_Session(math.inf) for _ in range(10)]
+    for s in sessions:
+        s.measurer = _one_builder(0.0, 0.0)
+    tuners = [_Tuner(s, batch=8) for s in sessions]
+    for t in tuners:
+        def timed(limit=None, step=t.step, t=t):
+            before = driver.measured(t.session)
+            step(limit)
+            clock[0] += 2.0 * (driver.measured(t.session) - before)
+
+        t.step = timed
+    with caplog.at_level("WARNING", logger="stormdrop.tuning.budget"):
+        driver.drive(tuners, sessions, [1] * 10, budget.Budget(deadline=40.0, clock=lambda: clock[0]))
+    assert [driver.measured(s) for s in sessions] == [8, 8] + [1] * 4 + [0] * 4
+    told = [r.getMessage() for r in caplog.records if "time budget too short" in r.getMessage()]
+    assert len(told) == 1 and "8 tasks not reached yet need about 16 s (one candidate each) and 0 s are left" \
+        in told[0], told
+
+
 def test_extensions_rotate_among_the_costliest_tasks():
     # with time left after every task is done, the task with the largest weight x latency over one more
     # than the extensions it had gets the next: one costly task no longer takes every extension (alexnet:

@@ -8,6 +8,7 @@ measures, stores or sleeps."""
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from stormdrop.tuning.task import TaskSession
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,7 @@ class Ledger:
         self.steps: list[float] = []  # wall seconds of each step
         self.extension_steps: list[float] = []  # of each extension's first step
         self.first_rounds: list[tuple[float, int]] = []  # (seconds, candidates) of the tasks' first rounds
+        self.overrun_told = False  # whether the user was told that the budget cannot reach every task
 
     def finish_s(self, extending: bool = False) -> float:
         """Wall seconds the run needs once its search stops (``finishing_s``), the next step included."""
@@ -136,7 +140,22 @@ class Ledger:
             left = self.budget.deadline - self.budget.clock() - self.finish_s()
             shrunk = first_round_limit(waiting, self.first_rounds, left)
             caps += [shrunk] if shrunk else []
+            if shrunk == 1 and not self.overrun_told:
+                self._tell_overrun(waiting, left)
         return min(caps, default=None)
+
+    def _tell_overrun(self, waiting: int, left: float) -> None:
+        """Warn once when even one candidate for each of the ``waiting`` tasks (at the first rounds'
+        seconds a candidate, the gateway's warm-up left out) does not fit in the ``left`` seconds:
+        the tasks the deadline comes before stay untuned (naive loop nests)."""
+        rounds = self.first_rounds[1:]
+        need = waiting * sum(s for s, _ in rounds) / max(sum(n for _, n in rounds), 1)
+        if need > left:
+            self.overrun_told = True
+            log.warning("time budget too short for this model: %d tasks not reached yet need about %.0f s (one "
+                        "candidate each) and %.0f s are left; those the deadline comes before stay untuned (naive "
+                        "loop nests, often slower than the rest of the model): a longer --time-budget avoids it",
+                        waiting, need, max(left, 0.0))
 
     def tell_step(self, seconds: float, candidates: int, *, first: bool, extending: bool) -> None:
         """A step took ``seconds`` and measured ``candidates`` (a task's ``first`` round, or an
