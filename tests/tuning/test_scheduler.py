@@ -193,6 +193,25 @@ def test_a_time_budget_reaches_every_task_before_its_reserve_stops_the_search(mo
     assert measured[0] == 4 and min(measured) >= 1  # one round each (the later ones shrunk), then it stops
 
 
+def _timed_tasks(n, clock, gateway, seconds=2.0):
+    """``n`` tasks measuring 8 candidates a step on ``gateway``'s estimates, each candidate moving the
+    fake ``clock`` (a one-item list) on by ``seconds``: (sessions, tuners)."""
+    from stormdrop.tuning import driver
+
+    sessions = [_Session(math.inf) for _ in range(n)]
+    for s in sessions:
+        s.measurer = gateway
+    tuners = [_Tuner(s, batch=8) for s in sessions]
+    for t in tuners:
+        def timed(limit=None, step=t.step, t=t):
+            before = driver.measured(t.session)
+            step(limit)
+            clock[0] += seconds * (driver.measured(t.session) - before)
+
+        t.step = timed
+    return sessions, tuners
+
+
 def test_first_rounds_that_cannot_all_fit_shrink_so_the_run_ends_by_its_deadline(monkeypatch):
     # a fake clock: a step costs 2 s a candidate; 10 tasks with first rounds of 8 candidates need
     # 160 s, the budget is 100 s. Every task is still reached (a task never reached runs naive), and
@@ -202,18 +221,7 @@ def test_first_rounds_that_cannot_all_fit_shrink_so_the_run_ends_by_its_deadline
 
     clock = [0.0]
     monkeypatch.setattr(driver, "verify_bests", lambda sessions: clock.__setitem__(0, clock[0] + len(sessions)))
-    gateway = _one_builder(0.5, 0.5)
-    sessions = [_Session(math.inf) for _ in range(10)]
-    for s in sessions:
-        s.measurer = gateway
-    tuners = [_Tuner(s, batch=8) for s in sessions]
-    for t in tuners:
-        def timed(limit=None, step=t.step, t=t):
-            before = driver.measured(t.session)
-            step(limit)
-            clock[0] += 2.0 * (driver.measured(t.session) - before)
-
-        t.step = timed
+    sessions, tuners = _timed_tasks(10, clock, _one_builder(0.5, 0.5))
     stopped = driver.drive(tuners, sessions, [1] * 10, budget.Budget(deadline=100.0, builds_after=10, clock=lambda: clock[0]))
     assert stopped == "the time budget"
     measured = [driver.measured(s) for s in sessions]
@@ -235,17 +243,7 @@ def test_a_budget_too_short_for_one_candidate_a_task_says_so_once(monkeypatch, c
 
     clock = [0.0]
     monkeypatch.setattr(driver, "verify_bests", lambda sessions: None)
-    sessions = [_Session(math.inf) for _ in range(10)]
-    for s in sessions:
-        s.measurer = _one_builder(0.0, 0.0)
-    tuners = [_Tuner(s, batch=8) for s in sessions]
-    for t in tuners:
-        def timed(limit=None, step=t.step, t=t):
-            before = driver.measured(t.session)
-            step(limit)
-            clock[0] += 2.0 * (driver.measured(t.session) - before)
-
-        t.step = timed
+    sessions, tuners = _timed_tasks(10, clock, _one_builder(0.0, 0.0))
     with caplog.at_level("WARNING", logger="stormdrop.tuning.budget"):
         driver.drive(tuners, sessions, [1] * 10, budget.Budget(deadline=40.0, clock=lambda: clock[0]))
     assert [driver.measured(s) for s in sessions] == [8, 8] + [1] * 4 + [0] * 4
