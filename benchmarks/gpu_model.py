@@ -108,12 +108,13 @@ def compiled_latency(module, x, sync, limit_s: float) -> dict:
 def tune_arm(args: argparse.Namespace, manifest: dict, arm: str) -> dict:
     """``stormdrop tune`` of the exported network in a process of its own (the shipped schedule hub on,
     or off: ``arm``), with its files under OUT named by the arm; the row of its figures."""
-    tag = "" if arm == "hub" else "_nohub"
+    off = arm == "no hub"
+    tag = "_nohub" if off else ""
     tuned_json = os.path.join(args.out, f"model{tag}.json")
     cmd = [args.stormdrop_python, "-m", "stormdrop.cli.main", "-vv", "tune", "--model",
            os.path.join(args.out, manifest["file"]), "--target", args.target, "--time-budget", str(args.budget),
            "--db", os.path.join(args.out, f"model{tag}.db"), "--json", tuned_json, "--no-progress"]
-    env = dict(os.environ, **({"STORMDROP_HUB": "off"} if arm == "no hub" else {}))
+    env = dict(os.environ, **({"STORMDROP_HUB": "off"} if off else {}))
     t1 = time.monotonic()
     with open(os.path.join(args.out, f"model{tag}.log"), "w") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
@@ -122,7 +123,7 @@ def tune_arm(args: argparse.Namespace, manifest: dict, arm: str) -> dict:
     tuned = json.load(open(tuned_json)) if rc == 0 else {}
     latency = tuned.get("latency_s", {})
     return {"network": args.network, "resolution": args.resolution, "batch": 1, "budget_s": args.budget, "hub": arm,
-            "command": ("STORMDROP_HUB=off " if arm == "no hub" else "") + " ".join(cmd[1:]), "stormdrop_exit": rc,
+            "command": ("STORMDROP_HUB=off " if off else "") + " ".join(cmd[1:]), "stormdrop_exit": rc,
             "stormdrop_wall_s": round(wall, 1), "target": tuned.get("target"), "tuning_s": tuned.get("tuning_s"),
             "stormdrop_s": latency.get("tuned"), "onnxruntime_cpu_s": latency.get("onnxruntime"),
             "tasks": len(tuned.get("tasks", [])),

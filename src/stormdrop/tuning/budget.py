@@ -74,11 +74,16 @@ def first_round_limit(waiting: int, first_rounds: Sequence[tuple[float, int]], t
     rounds = first_rounds[1:]
     if not waiting or not rounds:
         return None
-    seconds = sum(s for s, _ in rounds) / len(rounds)
-    if waiting * seconds <= time_left:
+    if waiting * sum(s for s, _ in rounds) / len(rounds) <= time_left:
         return None
-    size = sum(n for _, n in rounds) / len(rounds)
-    return max(1, int(size * max(time_left, 0.0) / (waiting * seconds)))
+    return max(1, int(max(time_left, 0.0) / (waiting * first_round_candidate_s(first_rounds))))
+
+
+def first_round_candidate_s(first_rounds: Sequence[tuple[float, int]]) -> float:
+    """Seconds a first-round candidate takes, from the first rounds ((seconds, candidates) each) but
+    the very first, which pays the gateway's warm-up; 0 before any other."""
+    rounds = first_rounds[1:]
+    return sum(s for s, _ in rounds) / max(sum(n for _, n in rounds), 1)
 
 
 def first_batch_size(trials: int | None, num_tasks: int, batch: int) -> int | None:
@@ -145,11 +150,10 @@ class Ledger:
         return min(caps, default=None)
 
     def _tell_overrun(self, waiting: int, left: float) -> None:
-        """Warn once when even one candidate for each of the ``waiting`` tasks (at the first rounds'
-        seconds a candidate, the gateway's warm-up left out) does not fit in the ``left`` seconds:
-        the tasks the deadline comes before stay untuned (naive loop nests)."""
-        rounds = self.first_rounds[1:]
-        need = waiting * sum(s for s, _ in rounds) / max(sum(n for _, n in rounds), 1)
+        """Warn once when even one candidate for each of the ``waiting`` tasks (at
+        ``first_round_candidate_s``) does not fit in the ``left`` seconds: the tasks the deadline comes
+        before stay untuned (naive loop nests)."""
+        need = waiting * first_round_candidate_s(self.first_rounds)
         if need > left:
             self.overrun_told = True
             log.warning("time budget too short for this model: %d tasks not reached yet need about %.0f s (one "
