@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import sys
 import tempfile
@@ -29,6 +30,17 @@ os.environ["STORMDROP_HUB"] = "off"
 def _private_db(tmp_path, monkeypatch):
     """Never touch the user's database from a test."""
     monkeypatch.setenv("STORMDROP_DB", os.fspath(tmp_path / "default.db"))
+
+
+@pytest.fixture(autouse=True)
+def _stormdrop_logger_restored():
+    """A CLI run in the test process (``main([...])``) gives the ``stormdrop`` logger its own handler
+    and stops it propagating, which hides later tests' records from ``caplog``: each test starts
+    from the logger as it was."""
+    log = logging.getLogger("stormdrop")
+    saved = (log.handlers[:], log.level, log.propagate)
+    yield
+    log.handlers[:], log.level, log.propagate = saved[0], saved[1], saved[2]
 
 
 @pytest.fixture(autouse=True)
