@@ -69,6 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hub", default="on", choices=["on", "off", "ab"],
                    help="stormdrop draws reuse donors from the shipped schedule hub of the target's ISA class (on, "
                         "the library's default), not (off), or tunes both ways, timed in turns with the peers (ab)")
+    p.add_argument("--prior-ab", default=None, metavar="PRIOR.npz",
+                   help="also tune with this cost-model prior file instead of the shipped one, timed in turns "
+                        "with the peers (tools/train_prior.py writes them)")
     p.add_argument("--rounds", type=int, default=5,
                    help="latencies: median over this many rounds in which the peers take turns")
     p.add_argument("--seed", type=int, default=0)
@@ -113,6 +116,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
     from stormdrop.model.runtimes import onnxruntime_timer, openvino_timer
     from stormdrop.model.tune import tune_model
     from stormdrop.search.options import SearchOptions
+    from stormdrop.search.storm import StormConfig
     from stormdrop.storage.database import Database
     from stormdrop.workloads.models import load_model
     from stormdrop.workloads.zoo import SEQUENCE_MODELS
@@ -147,12 +151,12 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
         warmup_ms = 0.0 if args.warm_up == "off" else WARM_UP_MS
 
         def tune(db: str, cache_flush: bool | None, untuned: bool = False, lowering: Lowering = lowering,
-                 hub: bool = args.hub != "off", warmup_ms: float = warmup_ms):
+                 hub: bool = args.hub != "off", warmup_ms: float = warmup_ms, prior_file: str | None = None):
             return tune_model(model,
                               ModelOptions(trials=None if args.time_budget else args.trials,
                                            trials_per_task=args.trials_per_task, time_budget=args.time_budget,
                                            seed=args.seed, lowering=lowering, untuned=untuned,
-                                           search=SearchOptions(hub=hub),
+                                           search=SearchOptions(hub=hub, storm=StormConfig(prior_file=prior_file)),
                                            in_model_candidates=args.in_model_candidates,
                                            measure=MeasureConfig(cache_flush=cache_flush, warmup_ms=warmup_ms)),
                               target=target, db=db)
@@ -194,6 +198,8 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             arms.append(("no_hub", {"hub": False}))
         if args.warm_up == "ab":  # the same tuning, candidates timed straight from idle
             arms.append(("no_warm_up", {"warmup_ms": 0.0}))
+        if args.prior_ab:  # the same tuning, the cost model starting from another prior
+            arms.append(("other_prior", {"prior_file": args.prior_ab}))
         for key, changes in arms:
             arm = {"cache_flush": {"auto": None, "on": True}.get(args.cache_flush, False), "lowering": lowering,
                    **changes}
@@ -284,7 +290,9 @@ _ARMS = {"cold_tuned": ("tuned with the caches flushed (--cache-flush", "tuned w
                            "unpadded / padded", False, "unpadded rows"),
          "no_hub": ("tuned without the schedule hub (--hub ab", "with the hub", "no hub / hub", False, "no hub"),
          "no_warm_up": ("tuned with candidates timed straight from idle (--warm-up ab", "warmed up",
-                        "no warm-up / warm-up", False, "no warm-up")}
+                        "no warm-up / warm-up", False, "no warm-up"),
+         "other_prior": ("tuned with the cost-model prior of --prior-ab", "with the shipped prior",
+                         "other prior / shipped", False, "other prior")}
 
 
 def row(r: dict) -> list[str]:

@@ -24,6 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 HEADER = ["network", "input", "trials", "tasks", "ONNX Runtime ms", "OpenVINO ms", "stormdrop ms", "tuning s",
           "ORT / stormdrop", "OV / stormdrop", "held out"]
+# A/B arms (bench_models.py) that add columns: key in a case's result, its name in the header
+ARMS = [("no_hub", "no hub"), ("other_prior", "other prior")]
 
 
 def parse_cases(text: str) -> list[tuple[str, int | None, int]]:
@@ -43,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the cases named held out before the run (NAME or NAME@RES)")
     p.add_argument("--hub", default="on", choices=["on", "off", "ab"],
                    help="the schedule hub: on (the default), off, or both arms timed in turns (ab)")
+    p.add_argument("--prior-ab", default=None, metavar="PRIOR.npz",
+                   help="also tune with this cost-model prior file instead of the shipped one (bench_models.py)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/RESULTS.md")
@@ -68,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             margs = bench_models.parse_args(["--models", model, "--trials", str(trials), "--trials-per-task", "128",
                                              "--skip-ms", "--rounds", str(args.rounds), "--seed", str(args.seed),
                                              "--hub", args.hub]
-                                            + (["--resolution", str(res)] if res else []))
+                                            + (["--resolution", str(res)] if res else [])
+                                            + (["--prior-ab", args.prior_ab] if args.prior_ab else []))
             r = bench_models.bench_one(model, margs, target)
             r = {k: ({kk: vv for kk, vv in v.items() if kk != "ex"} if isinstance(v, dict) else v) for k, v in r.items()}
             r.update(network=name, resolution=res, trials_cap=trials, held_out=label in held or name in held)
@@ -86,14 +91,18 @@ def main(argv: list[str] | None = None) -> int:
                          ms_(r.get("openvino_s")), ms_(lat) if lat else sd.get("status", "-"),
                          f"{sd.get('tuning_s', 0):.0f}", ratio(r["onnxruntime_s"]), ratio(r.get("openvino_s")),
                          "yes" if r["held_out"] else "no"]
-                        + ([ms_(r["no_hub"].get("latency_s")), ratio(r["onnxruntime_s"], r["no_hub"].get("latency_s")),
-                            ratio(r.get("openvino_s"), r["no_hub"].get("latency_s"))] if "no_hub" in r else []))
+                        + [cell for key, _ in ARMS if key in r
+                           for cell in (ms_(r[key].get("latency_s")), ratio(r["onnxruntime_s"], r[key].get("latency_s")),
+                                        ratio(r.get("openvino_s"), r[key].get("latency_s")))])
             checkpoint(rows[-1], args.json, canonical(target), "cases", raw)
-    header = HEADER + (["no hub ms", "ORT / no hub", "OV / no hub"] if args.hub == "ab" else [])
+    on = {"no_hub": args.hub == "ab", "other_prior": bool(args.prior_ab)}
+    header = HEADER + [h for key, name in ARMS if on[key] for h in (f"{name} ms", f"ORT / {name}", f"OV / {name}")]
     lines = ["", f"## Small inputs and budgets, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- machine: {machine()}; target: `{canonical(target)}`", f"- command: `{' '.join(sys.argv)}`",
              f"- stormdrop as `tune --model M --trials N` (per-task cap 128, defaults otherwise; schedule hub {args.hub}: "
-             f"{bench_models._hub_name(target)}); latencies in ms: "
+             f"{bench_models._hub_name(target)}"
+             + (f"; 'other prior': tuned with the cost-model prior {args.prior_ab}" if args.prior_ab else "")
+             + "); latencies in ms: "
              f"median of {args.rounds} rounds in which the peers take turns; ratios > 1: stormdrop faster", "",
              "| " + " | ".join(header) + " |", "|" + " --- |" * len(header), *("| " + " | ".join(r) + " |" for r in rows),
              "", *bench_models.breakdown(raw)]

@@ -85,16 +85,16 @@ def load(path: str | Path = X86_PRIOR) -> list[PriorGroup]:
     return groups
 
 
-@functools.lru_cache(maxsize=1)
-def _shipped() -> list[PriorGroup]:
-    """The shipped file, read once per process (a model has one storm per task)."""
-    return load(X86_PRIOR)
+@functools.lru_cache(maxsize=2)
+def _read(path: str) -> list[PriorGroup]:
+    """A prior file, read once per process (a model has one storm per task)."""
+    return load(path)
 
 
-def for_target(target: Target) -> list[PriorGroup]:
-    """The shipped prior for ``target``, or [] when none applies."""
+def for_target(target: Target, path: str | Path | None = None) -> list[PriorGroup]:
+    """The prior for ``target`` (the shipped one, or the file at ``path``), or [] when none applies."""
     if not applies_to(target):
         return []
-    groups = _shipped()
+    groups = _read(str(path or X86_PRIOR))
     log.debug("cost-model prior: %d workloads, %d schedules", len(groups), sum(len(g.costs) for g in groups))
     return groups

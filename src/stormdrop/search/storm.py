@@ -53,6 +53,8 @@ class StormConfig:
     # time in its A/B (README "Prior", RESULTS.md).
     prior: bool = True
     prior_pool: int = 8
+    # Another prior file than the shipped one (tools/train_prior.py writes them; A/Bs compare them).
+    prior_file: str | None = None
     # Reuse (--reuse N): 1: the nearest N donors' best records, in donor order (transfer-tuning's
     # choice). k > 1, with a prior: the best two records of each of the nearest k x N donors are
     # transferred; the nearest donor's best and the N - 1 the prior ranks fastest are measured (no
@@ -168,7 +170,7 @@ class Storm:
         self.database = ms.database.MemoryDatabase()
         self.workload = self.database.commit_workload(mod)
         if cfg.cost_model == "xgb":
-            groups = prior.for_target(target) if cfg.prior else []
+            groups = prior.for_target(target, cfg.prior_file) if cfg.prior else []
             self.cost_model = new_xgb_model(target, groups, warmup=cfg.batch_size)
         else:
             self.cost_model = ms.cost_model.CostModel.create(cfg.cost_model)
