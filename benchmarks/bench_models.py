@@ -72,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prior-ab", default=None, metavar="PRIOR.npz",
                    help="also tune with this cost-model prior file instead of the shipped one, timed in turns "
                         "with the peers (tools/train_prior.py writes them)")
+    p.add_argument("--prior-ab-alone", type=int, default=None, metavar="N",
+                   help="with --prior-ab: that arm's model also ranks with its prior alone until a workload has N "
+                        "measurements of its own (StormConfig.prior_alone; default: the library's)")
     p.add_argument("--rounds", type=int, default=5,
                    help="latencies: median over this many rounds in which the peers take turns")
     p.add_argument("--seed", type=int, default=0)
@@ -151,12 +154,15 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
         warmup_ms = 0.0 if args.warm_up == "off" else WARM_UP_MS
 
         def tune(db: str, cache_flush: bool | None, untuned: bool = False, lowering: Lowering = lowering,
-                 hub: bool = args.hub != "off", warmup_ms: float = warmup_ms, prior_file: str | None = None):
+                 hub: bool = args.hub != "off", warmup_ms: float = warmup_ms, prior_file: str | None = None,
+                 prior_alone: int | None = None):
             return tune_model(model,
                               ModelOptions(trials=None if args.time_budget else args.trials,
                                            trials_per_task=args.trials_per_task, time_budget=args.time_budget,
                                            seed=args.seed, lowering=lowering, untuned=untuned,
-                                           search=SearchOptions(hub=hub, storm=StormConfig(prior_file=prior_file)),
+                                           search=SearchOptions(hub=hub, storm=StormConfig(
+                                               prior_file=prior_file,
+                                               **({} if prior_alone is None else {"prior_alone": prior_alone}))),
                                            in_model_candidates=args.in_model_candidates,
                                            measure=MeasureConfig(cache_flush=cache_flush, warmup_ms=warmup_ms)),
                               target=target, db=db)
@@ -199,7 +205,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
         if args.warm_up == "ab":  # the same tuning, candidates timed straight from idle
             arms.append(("no_warm_up", {"warmup_ms": 0.0}))
         if args.prior_ab:  # the same tuning, the cost model starting from another prior
-            arms.append(("other_prior", {"prior_file": args.prior_ab}))
+            arms.append(("other_prior", {"prior_file": args.prior_ab, "prior_alone": args.prior_ab_alone}))
         for key, changes in arms:
             arm = {"cache_flush": {"auto": None, "on": True}.get(args.cache_flush, False), "lowering": lowering,
                    **changes}

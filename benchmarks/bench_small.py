@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the schedule hub: on (the default), off, or both arms timed in turns (ab)")
     p.add_argument("--prior-ab", default=None, metavar="PRIOR.npz",
                    help="also tune with this cost-model prior file instead of the shipped one (bench_models.py)")
+    p.add_argument("--prior-ab-alone", type=int, default=None, metavar="N",
+                   help="with --prior-ab: that arm's StormConfig.prior_alone (bench_models.py)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/RESULTS.md")
@@ -73,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
                                              "--skip-ms", "--rounds", str(args.rounds), "--seed", str(args.seed),
                                              "--hub", args.hub]
                                             + (["--resolution", str(res)] if res else [])
-                                            + (["--prior-ab", args.prior_ab] if args.prior_ab else []))
+                                            + (["--prior-ab", args.prior_ab] if args.prior_ab else [])
+                                            + (["--prior-ab-alone", str(args.prior_ab_alone)]
+                                               if args.prior_ab_alone is not None else []))
             r = bench_models.bench_one(model, margs, target)
             r = {k: ({kk: vv for kk, vv in v.items() if kk != "ex"} if isinstance(v, dict) else v) for k, v in r.items()}
             r.update(network=name, resolution=res, trials_cap=trials, held_out=label in held or name in held)
@@ -101,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
              f"- machine: {machine()}; target: `{canonical(target)}`", f"- command: `{' '.join(sys.argv)}`",
              f"- stormdrop as `tune --model M --trials N` (per-task cap 128, defaults otherwise; schedule hub {args.hub}: "
              f"{bench_models._hub_name(target)}"
-             + (f"; 'other prior': tuned with the cost-model prior {args.prior_ab}" if args.prior_ab else "")
+             + (f"; 'other prior': tuned with the cost-model prior {args.prior_ab}"
+                + (f" ranking alone until {args.prior_ab_alone} own measurements" if args.prior_ab_alone is not None
+                   else "") if args.prior_ab else "")
              + "); latencies in ms: "
              f"median of {args.rounds} rounds in which the peers take turns; ratios > 1: stormdrop faster", "",
              "| " + " | ".join(header) + " |", "|" + " --- |" * len(header), *("| " + " | ".join(r) + " |" for r in rows),

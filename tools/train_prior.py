@@ -19,6 +19,7 @@ alone, for comparison).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -104,6 +105,10 @@ def main() -> int:
     p.add_argument("--db", required=True, action="append", help="a database to learn from (repeatable)")
     p.add_argument("--per-workload", type=int, default=None, help="at most N schedules a workload (default: all)")
     p.add_argument("--base", default=None, help="a prior file whose groups are kept")
+    p.add_argument("--retrain", default="base", choices=["base", "all"],
+                   help="the groups the cost model trains on again with a workload's own measurements: the "
+                        "--base file's (base: the --db groups shape only the ranking before them; without "
+                        "--base, all) or all of them")
     p.add_argument("--out", default=str(prior.X86_PRIOR))
     p.add_argument("--validate", action="store_true")
     p.add_argument("--validate-db", default=None, help="a held-out database to rank under the trained model")
@@ -112,7 +117,8 @@ def main() -> int:
     groups = list(base)
     for path in args.db:
         with Database(path) as db:
-            groups += extract(db, args.per_workload, label=Path(path).name)
+            extra = extract(db, args.per_workload, label=Path(path).name)
+        groups += [dataclasses.replace(g, retrain=args.retrain == "all" or not base) for g in extra]
     if args.validate:
         validate(groups)
     if args.validate_db:
@@ -124,7 +130,7 @@ def main() -> int:
         print("all groups:")
         validate(groups, held)
     meta = {"tvm": tvm.__version__, "extractor": "per-store-feature", "source": args.db, "base": args.base,
-            "per_workload": args.per_workload,
+            "per_workload": args.per_workload, "retrain": args.retrain,
             "workloads": [g.name for g in groups], "schedules": int(sum(len(g.costs) for g in groups))}
     prior.save(args.out, groups, meta)
     print(f"wrote {args.out}: {json.dumps(meta)[:300]}")

@@ -2,13 +2,18 @@
 
 A cold XGBoost model ranks candidates at random until it has seen a batch, so
 at small budgets the first measurements are spent on random schedules. The
-prior is a dataset of measured schedules of *other* kernels (features from
+prior is a dataset of measured schedules of *other* workloads (features from
 MetaSchedule's per-store extractor, costs normalised per workload, as the
 XGBoost model itself trains), shipped with stormdrop for x86 CPUs and built by
-``tools/collect_prior.py`` + ``tools/train_prior.py`` from kernels that are not
-in the benchmarks. The storm's model starts trained on it and retrains on the
-prior plus every measurement of the workload being tuned (transfer learning,
-as AutoTVM's and TenSet's pretrained models do).
+``tools/train_prior.py``: training kernels that are not in the benchmarks
+(``tools/collect_prior.py``) and the tasks of networks tuned into databases,
+each workload's schedules spanning its speeds (the file's meta names its
+sources). The storm's model starts trained on all of it; once the workload has
+measurements of its own (``StormConfig.prior_alone``) it retrains on them and
+the groups marked ``retrain`` (the training kernels): transfer learning, as
+AutoTVM's and TenSet's pretrained models do, where the large part ranks the
+cold start and the small part keeps retraining cheap and the workload's own
+data weighty.
 
 The dataset only describes how loop structure maps to speed on an x86 CPU
 with AVX2-class SIMD; it is used for LLVM targets on x86 and nothing else.
@@ -34,11 +39,14 @@ X86_PRIOR = DATA_DIR / "prior_llvm_x86.npz"
 
 @dataclass
 class PriorGroup:
-    """Measured schedules of one workload: per-store feature matrices and costs (seconds)."""
+    """Measured schedules of one workload: per-store feature matrices and costs (seconds).
+    ``retrain``: the model trains on the group again with the workload's own measurements
+    (``storm.new_xgb_model``), or the group only shapes the prior's ranking before them."""
 
     name: str
     features: list[np.ndarray]
     costs: np.ndarray
+    retrain: bool = True
 
 
 def applies_to(target: Target) -> bool:
@@ -59,6 +67,7 @@ def save(path: str | Path, groups: list[PriorGroup], meta: dict) -> None:
         path,
         names=np.array([g.name for g in groups]),
         group_sizes=np.array([len(g.costs) for g in groups], dtype=np.int32),
+        retrain=np.array([g.retrain for g in groups], dtype=bool),
         store_counts=counts,
         features=feats,
         costs=np.concatenate([g.costs for g in groups]).astype(np.float32),
@@ -74,13 +83,14 @@ def load(path: str | Path = X86_PRIOR) -> list[PriorGroup]:
     with np.load(path, allow_pickle=False) as z:
         names, sizes, counts = z["names"], z["group_sizes"], z["store_counts"]
         feats, costs = z["features"].astype(np.float32), z["costs"]
+        retrain = z["retrain"] if "retrain" in z.files else np.ones(len(names), dtype=bool)
     groups, row, sample = [], 0, 0
-    for name, size in zip(names, sizes):
+    for name, size, again in zip(names, sizes, retrain):
         fs = []
         for c in counts[sample:sample + size]:
             fs.append(feats[row:row + c])
             row += c
-        groups.append(PriorGroup(str(name), fs, costs[sample:sample + size].astype(np.float32)))
+        groups.append(PriorGroup(str(name), fs, costs[sample:sample + size].astype(np.float32), bool(again)))
         sample += size
     return groups
 

@@ -55,6 +55,10 @@ class StormConfig:
     prior_pool: int = 8
     # Another prior file than the shipped one (tools/train_prior.py writes them; A/Bs compare them).
     prior_file: str | None = None
+    # With a prior, the model ranks as the prior alone does until the workload has this many
+    # measurements of its own: a retraining on a few of them barely moves a model trained on
+    # thousands and costs seconds a time (once per raindrop step at small budgets).
+    prior_alone: int = 16
     # Reuse (--reuse N): 1: the nearest N donors' best records, in donor order (transfer-tuning's
     # choice). k > 1, with a prior: the best two records of each of the nearest k x N donors are
     # transferred; the nearest donor's best and the N - 1 the prior ranks fastest are measured (no
@@ -115,9 +119,11 @@ def new_xgb_model(target: Target, groups: list[prior.PriorGroup] = (), *,
                   warmup: int = 16) -> ms.cost_model.XGBModel:
     """An XGBoost cost model; trained on ``groups`` (a prior) when given, else cold.
 
-    With a prior the model predicts from the first batch and retrains on every
-    update (MetaSchedule's adaptive training would skip all updates smaller than
-    a fifth of the data, i.e. every update of this workload).
+    With a prior the model predicts from the first batch, trained on every group; when it
+    retrains (``Storm._trained``) it learns the groups marked ``retrain`` with the workload's
+    own measurements, so a large prior ranks the cold start without drowning the workload's
+    own data or slowing every update. MetaSchedule's adaptive training is off: it would skip
+    every update smaller than a fifth of the data, i.e. every update of this workload.
     """
     from tvm.s_tir.meta_schedule.cost_model.xgb_model import FeatureGroup
 
@@ -135,9 +141,10 @@ def new_xgb_model(target: Target, groups: list[prior.PriorGroup] = (), *,
         model._train(xs=xs, ys=ys)  # noqa: SLF001 - MetaSchedule's training on our data groups
         _PRIOR_CACHE[key] = (data, model.booster)
     data, booster = _PRIOR_CACHE[key]
-    for g in data:  # prior groups are shared read-only: updates only append to this workload's group
-        model.data[g.group_hash] = g
-        model.data_size += len(g.costs)
+    for g, group in zip(data, groups):  # shared read-only: updates only append to this workload's group
+        if group.retrain:
+            model.data[g.group_hash] = g
+            model.data_size += len(g.costs)
     model.booster = booster
     return model
 
@@ -259,11 +266,13 @@ class Storm:
         self.measured += len(cands)
 
     def _trained(self) -> ms.cost_model.CostModel:
-        """The cost model, trained on all it was told, when it is about to be used. XGBoost retrains
-        on the prior and every measurement at each update (seconds on 2 cores): a reuse-only run never
-        uses the model, and reuse's transfers and the first storm batch are one training, not two."""
+        """The cost model, trained on all it was told, when it is about to be used (with a prior:
+        once the workload has ``prior_alone`` measurements of its own). XGBoost retrains on the
+        prior's ``retrain`` groups and every measurement at each update (seconds on 2 cores): a
+        reuse-only run never uses the model, and reuse's transfers and the first storm batch are
+        one training, not two."""
         cands, results = self._untrained
-        if cands:
+        if cands and not (self._prior and self.measured < self.config.prior_alone):
             self._untrained = ([], [])
             self.cost_model.update(self.ctx, cands, results)
         return self.cost_model
