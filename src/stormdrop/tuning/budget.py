@@ -123,7 +123,8 @@ class Ledger:
         self.steps: list[float] = []  # wall seconds of each step
         self.extension_steps: list[float] = []  # of each extension's first step
         self.first_rounds: list[tuple[float, int]] = []  # (seconds, candidates) of the tasks' first rounds
-        self.overrun_told = False  # whether the user was told that the budget cannot reach every task
+        self.overrun_told = False  # whether the user was told that the time budget cannot reach every task
+        self.cap_told = False  # ... that the trial budget cannot
 
     def finish_s(self, extending: bool = False) -> float:
         """Wall seconds the run needs once its search stops (``finishing_s``), the next step included."""
@@ -138,9 +139,20 @@ class Ledger:
         return self.budget.spent(self.used, self.finish_s(extending) if extending or not waiting else 0.0)
 
     def limit(self, first: bool, waiting: int) -> int | None:
-        """Candidates the next step may measure (None: no limit): what is left of the trial cap, and
-        for a task's ``first`` round what lets the ``waiting`` ones all fit (``first_round_limit``)."""
-        caps = [] if self.budget.trials is None else [self.budget.trials - self.used]  # a hard cap
+        """Candidates the next step may measure (None: no limit): what is left of the trial cap, less
+        one for each other task still ``waiting`` for its first round when this is a ``first`` one (at
+        least one), and for a ``first`` round what lets the waiting ones all fit in the time left
+        (``first_round_limit``). A task never reached runs as a naive loop nest: a cap of fewer trials
+        than twice the tasks gave the first tasks two each and left the last ones untuned."""
+        caps = []
+        if self.budget.trials is not None:  # a hard cap
+            left = self.budget.trials - self.used
+            caps.append(max(1, left - (waiting - 1)) if first else left)
+            if first and left < waiting and not self.cap_told:
+                self.cap_told = True
+                log.warning("trial budget too small for this model: %d tasks not reached yet and %d trials left; "
+                            "%d stay untuned (naive loop nests, often slower than the rest of the model): "
+                            "--trials of at least the model's task count avoids it", waiting, left, waiting - left)
         if first and math.isfinite(self.budget.deadline):
             left = self.budget.deadline - self.budget.clock() - self.finish_s()
             shrunk = first_round_limit(waiting, self.first_rounds, left)
