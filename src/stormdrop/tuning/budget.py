@@ -142,8 +142,8 @@ class Ledger:
         """Candidates the next step may measure (None: no limit): what is left of the trial cap, less
         one for each other task still ``waiting`` for its first round when this is a ``first`` one (at
         least one), and for a ``first`` round what lets the waiting ones all fit in the time left
-        (``first_round_limit``). A task never reached runs as a naive loop nest: a cap of fewer trials
-        than twice the tasks gave the first tasks two each and left the last ones untuned."""
+        (``first_round_limit``). A task never reached runs as a naive loop nest: the reserve lets a cap of
+        at least one trial a task reach every task."""
         caps = []
         if self.budget.trials is not None:  # a hard cap
             left = self.budget.trials - self.used
