@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                            for cell in (ms_(r[key].get("latency_s")), ratio(r["onnxruntime_s"], r[key].get("latency_s")),
                                         ratio(r.get("openvino_s"), r[key].get("latency_s")))])
             checkpoint(rows[-1], args.json, canonical(target), "cases", raw)
-    on = {"no_hub": args.hub == "ab", "other_prior": bool(args.prior_ab)}
-    header = HEADER + [h for key, name in ARMS if on[key] for h in (f"{name} ms", f"ORT / {name}", f"OV / {name}")]
+    header = HEADER + [h for key, name in ARMS if any(key in r for r in raw)
+                       for h in (f"{name} ms", f"ORT / {name}", f"OV / {name}")]
     lines = ["", f"## Small inputs and budgets, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- machine: {machine()}; target: `{canonical(target)}`", f"- command: `{' '.join(sys.argv)}`",
              f"- stormdrop as `tune --model M --trials N` (per-task cap 128, defaults otherwise; schedule hub {args.hub}: "

@@ -123,8 +123,7 @@ class Ledger:
         self.steps: list[float] = []  # wall seconds of each step
         self.extension_steps: list[float] = []  # of each extension's first step
         self.first_rounds: list[tuple[float, int]] = []  # (seconds, candidates) of the tasks' first rounds
-        self.overrun_told = False  # whether the user was told that the time budget cannot reach every task
-        self.cap_told = False  # ... that the trial budget cannot
+        self.told: set[str] = set()  # the budgets the user was told cannot reach every task
 
     def finish_s(self, extending: bool = False) -> float:
         """Wall seconds the run needs once its search stops (``finishing_s``), the next step included."""
@@ -148,30 +147,28 @@ class Ledger:
         if self.budget.trials is not None:  # a hard cap
             left = self.budget.trials - self.used
             caps.append(max(1, left - (waiting - 1)) if first else left)
-            if first and left < waiting and not self.cap_told:
-                self.cap_told = True
-                log.warning("trial budget too small for this model: %d tasks not reached yet and %d trials left; "
-                            "%d stay untuned (naive loop nests, often slower than the rest of the model): "
-                            "--trials of at least the model's task count avoids it", waiting, left, waiting - left)
+            if first and left < waiting:
+                self._tell_untuned("trial", f"{waiting} tasks not reached yet and {left} trials left; "
+                                            f"{waiting - left} stay untuned", "--trials of at least the model's task count")
         if first and math.isfinite(self.budget.deadline):
             left = self.budget.deadline - self.budget.clock() - self.finish_s()
             shrunk = first_round_limit(waiting, self.first_rounds, left)
             caps += [shrunk] if shrunk else []
-            if shrunk == 1 and not self.overrun_told:
-                self._tell_overrun(waiting, left)
+            need = waiting * first_round_candidate_s(self.first_rounds)  # one candidate each
+            if shrunk == 1 and need > left:
+                self._tell_untuned("time", f"{waiting} tasks not reached yet need about {need:.0f} s (one candidate "
+                                           f"each) and {max(left, 0.0):.0f} s are left; those the deadline comes "
+                                           "before stay untuned", "a longer --time-budget")
         return min(caps, default=None)
 
-    def _tell_overrun(self, waiting: int, left: float) -> None:
-        """Warn once when even one candidate for each of the ``waiting`` tasks (at
-        ``first_round_candidate_s``) does not fit in the ``left`` seconds: the tasks the deadline comes
-        before stay untuned (naive loop nests)."""
-        need = waiting * first_round_candidate_s(self.first_rounds)
-        if need > left:
-            self.overrun_told = True
-            log.warning("time budget too short for this model: %d tasks not reached yet need about %.0f s (one "
-                        "candidate each) and %.0f s are left; those the deadline comes before stay untuned (naive "
-                        "loop nests, often slower than the rest of the model): a longer --time-budget avoids it",
-                        waiting, need, max(left, 0.0))
+    def _tell_untuned(self, budget: str, why: str, remedy: str) -> None:
+        """Warn once per ``budget`` ("trial", "time") that it cannot reach every task: the tasks it does
+        not reach stay untuned (naive loop nests)."""
+        if budget not in self.told:
+            self.told.add(budget)
+            size = "too small" if budget == "trial" else "too short"
+            log.warning("%s budget %s for this model: %s (naive loop nests, often slower than the rest of the "
+                        "model): %s avoids it", budget, size, why, remedy)
 
     def tell_step(self, seconds: float, candidates: int, *, first: bool, extending: bool) -> None:
         """A step took ``seconds`` and measured ``candidates`` (a task's ``first`` round, or an
