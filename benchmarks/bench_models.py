@@ -75,6 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prior-ab-alone", type=int, default=None, metavar="N",
                    help="with --prior-ab: that arm's model also ranks with its prior alone until a workload has N "
                         "measurements of its own (StormConfig.prior_alone; default: the library's)")
+    p.add_argument("--storm-ab", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
+                   help="also tune with these StormConfig fields changed (e.g. prior_picks=1), timed in turns "
+                        "with the peers; repeatable, one arm each")
     p.add_argument("--rounds", type=int, default=5,
                    help="latencies: median over this many rounds in which the peers take turns")
     p.add_argument("--seed", type=int, default=0)
@@ -155,14 +158,15 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
 
         def tune(db: str, cache_flush: bool | None, untuned: bool = False, lowering: Lowering = lowering,
                  hub: bool = args.hub != "off", warmup_ms: float = warmup_ms, prior_file: str | None = None,
-                 prior_alone: int | None = None):
+                 prior_alone: int | None = None, storm: dict | None = None):
             return tune_model(model,
                               ModelOptions(trials=None if args.time_budget else args.trials,
                                            trials_per_task=args.trials_per_task, time_budget=args.time_budget,
                                            seed=args.seed, lowering=lowering, untuned=untuned,
                                            search=SearchOptions(hub=hub, storm=StormConfig(
                                                prior_file=prior_file,
-                                               **({} if prior_alone is None else {"prior_alone": prior_alone}))),
+                                               **({} if prior_alone is None else {"prior_alone": prior_alone}),
+                                               **(storm or {}))),
                                            in_model_candidates=args.in_model_candidates,
                                            measure=MeasureConfig(cache_flush=cache_flush, warmup_ms=warmup_ms)),
                               target=target, db=db)
@@ -206,6 +210,8 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             arms.append(("no_warm_up", {"warmup_ms": 0.0}))
         if args.prior_ab:  # the same tuning, the cost model starting from another prior
             arms.append(("other_prior", {"prior_file": args.prior_ab, "prior_alone": args.prior_ab_alone}))
+        for spec in args.storm_ab:  # the same tuning with other storm parameters
+            arms.append((storm_arm(spec), {"storm": storm_fields(spec)}))
         for key, changes in arms:
             arm = {"cache_flush": {"auto": None, "on": True}.get(args.cache_flush, False), "lowering": lowering,
                    **changes}
@@ -276,7 +282,7 @@ def breakdown(raw: list[dict], top: int = 6) -> list[str]:
             lines.append(f"  - in-model choice: {len(sd.get('deployed', {}))} task(s) deploy another of their best "
                          f"records; the model {sd['latency_s'] * 1e3:.2f} ms, with every task's best record "
                          f"{sd['best_records']['latency_s'] * 1e3:.2f} ms (timed in turns)")
-        for key, (how, main, ratio_name, main_over_arm, arm_name) in _ARMS.items():
+        for key, (how, main, ratio_name, main_over_arm, arm_name) in arm_words(r).items():
             arm = r.get(key, {})
             if arm.get("latency_s") and sd.get("latency_s"):
                 ratio = sd["latency_s"] / arm["latency_s"] if main_over_arm else arm["latency_s"] / sd["latency_s"]
@@ -299,6 +305,33 @@ _ARMS = {"cold_tuned": ("tuned with the caches flushed (--cache-flush", "tuned w
                         "no warm-up / warm-up", False, "no warm-up"),
          "other_prior": ("tuned with the cost-model prior of --prior-ab", "with the shipped prior",
                          "other prior / shipped", False, "other prior")}
+
+
+def storm_fields(spec: str) -> dict:
+    """``FIELD=VALUE[,FIELD=VALUE]`` as StormConfig fields, each value of its field's type."""
+    from stormdrop.search.storm import StormConfig
+
+    defaults, out = StormConfig(), {}
+    for item in filter(None, spec.split(",")):
+        name, _, value = item.partition("=")
+        if not hasattr(defaults, name):
+            raise SystemExit(f"--storm-ab: StormConfig has no field {name!r}")
+        kind = type(getattr(defaults, name))
+        out[name] = value.lower() in ("1", "true", "yes") if kind is bool else \
+            (value if kind in (str, type(None)) else kind(value))
+    return out
+
+
+def storm_arm(spec: str) -> str:
+    """The result key of a ``--storm-ab`` arm."""
+    return f"storm {spec}"
+
+
+def arm_words(r: dict) -> dict:
+    """``_ARMS`` and the ``--storm-ab`` arms ``r`` holds."""
+    storm = {k: (f"tuned with {k[6:]} (--storm-ab", "with the defaults", f"{k[6:]} / defaults", False, k[6:])
+             for k in r if k.startswith("storm ")}
+    return {**_ARMS, **storm}
 
 
 def row(r: dict) -> list[str]:

@@ -28,6 +28,12 @@ HEADER = ["network", "input", "trials", "tasks", "ONNX Runtime ms", "OpenVINO ms
 ARMS = [("no_hub", "no hub"), ("other_prior", "other prior")]
 
 
+def arms(raw: list[dict]) -> list[tuple[str, str]]:
+    """``ARMS`` and the ``--storm-ab`` arms (keys ``storm SPEC``) the results hold, in order."""
+    storm = list(dict.fromkeys(k for r in raw for k in r if k.startswith("storm ")))
+    return ARMS + [(k, k[6:]) for k in storm]
+
+
 def parse_cases(text: str) -> list[tuple[str, int | None, int]]:
     out = []
     for case in filter(None, (c.strip() for c in text.split(","))):
@@ -49,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="also tune with this cost-model prior file instead of the shipped one (bench_models.py)")
     p.add_argument("--prior-ab-alone", type=int, default=None, metavar="N",
                    help="with --prior-ab: that arm's StormConfig.prior_alone (bench_models.py)")
+    p.add_argument("--storm-ab", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
+                   help="also tune with these StormConfig fields changed (bench_models.py); repeatable")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/RESULTS.md")
@@ -77,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
                                             + (["--resolution", str(res)] if res else [])
                                             + (["--prior-ab", args.prior_ab] if args.prior_ab else [])
                                             + (["--prior-ab-alone", str(args.prior_ab_alone)]
-                                               if args.prior_ab_alone is not None else []))
+                                               if args.prior_ab_alone is not None else [])
+                                            + [a for spec in args.storm_ab for a in ("--storm-ab", spec)])
             r = bench_models.bench_one(model, margs, target)
             r = {k: ({kk: vv for kk, vv in v.items() if kk != "ex"} if isinstance(v, dict) else v) for k, v in r.items()}
             r.update(network=name, resolution=res, trials_cap=trials, held_out=label in held or name in held)
@@ -95,11 +104,11 @@ def main(argv: list[str] | None = None) -> int:
                          ms_(r.get("openvino_s")), ms_(lat) if lat else sd.get("status", "-"),
                          f"{sd.get('tuning_s', 0):.0f}", ratio(r["onnxruntime_s"]), ratio(r.get("openvino_s")),
                          "yes" if r["held_out"] else "no"]
-                        + [cell for key, _ in ARMS if key in r
+                        + [cell for key, _ in arms(raw) if key in r
                            for cell in (ms_(r[key].get("latency_s")), ratio(r["onnxruntime_s"], r[key].get("latency_s")),
                                         ratio(r.get("openvino_s"), r[key].get("latency_s")))])
             checkpoint(rows[-1], args.json, canonical(target), "cases", raw)
-    header = HEADER + [h for key, name in ARMS if any(key in r for r in raw)
+    header = HEADER + [h for key, name in arms(raw) if any(key in r for r in raw)
                        for h in (f"{name} ms", f"ORT / {name}", f"OV / {name}")]
     lines = ["", f"## Small inputs and budgets, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- machine: {machine()}; target: `{canonical(target)}`", f"- command: `{' '.join(sys.argv)}`",

@@ -263,3 +263,17 @@ def test_a_half_precision_output_is_checked_at_its_own_precision():
     assert not mismatches(off.astype(np.float16), want.astype(np.float16)).any()
     assert mismatches((want + 1.0).astype(np.float16), want.astype(np.float16)).all()  # still a check
     assert mismatches(np.array([1, 2]), np.array([1, 3])).tolist() == [False, True]
+
+
+def test_a_nan_where_the_reference_has_one_agrees_and_nowhere_else():
+    """Random inputs give a batch norm a negative variance under its square root: the reference
+    computes NaN there, and a candidate that computes the same is right (before, every candidate of
+    such a kernel failed its check and the task ran untuned in the model)."""
+    from stormdrop.measure.outputs import mismatches
+
+    want = np.array([1.0, np.nan, 3.0, np.inf, 1e6], dtype=np.float32)
+    assert not mismatches(want.copy(), want).any()
+    got = want.copy()
+    got[0], got[1], got[3] = np.nan, 2.0, 1.0
+    assert mismatches(got, want).tolist() == [True, True, False, True, False]
+    assert mismatches(want + 2e3, want).tolist() == [True, False, True, False, False]  # tolerance of 1e6's finite scale

@@ -131,3 +131,25 @@ def test_the_phases_a_search_names_are_the_only_ones_measured(tmp_path):
         sessions, _ = _tune(db, ReplayMeasurer(synthetic(seed=5)), specs=SPECS[:1],
                             search=SearchOptions(reuse=0, phases=(Phase.STORM,)))
         assert sessions[0].tally()["raindrop"] == 0 and sessions[0].tally()["storm"] == 8
+
+
+@pytest.mark.parametrize("picks", [0, 1])
+def test_the_priors_picks_keep_their_trials_beside_the_transfers(tmp_path, picks):
+    """At a share of two trials a task with a donor: both go to transfers by default; with
+    ``prior_picks=1`` one transfer and one storm sample (the prior's pick)."""
+    from dataclasses import replace
+
+    from stormdrop.search.storm import StormConfig
+
+    measurer = ReplayMeasurer(synthetic(seed=5))
+    target = host_target()
+    with Database(tmp_path / "p.db") as db:
+        donor, task = (TaskSession(db, measurer, parse_kernel(s), target, seed=0) for s in SPECS)
+        drive([TaskTuner(donor, trials=4, exploit_trials=0)], [donor], [1], Budget(), seed=0)
+        search = SearchOptions(storm=replace(StormConfig(), prior_picks=picks))
+        tuner = TaskTuner(task, trials=2, exploit_trials=0, search=search)
+        assert tuner.step() and tuner.storm.ranks  # the x86 prior
+        while tuner.step():
+            pass
+        tally = task.tally()
+    assert (tally["reuse"], tally["storm"]) == ((2, 0) if picks == 0 else (1, 1)), tally

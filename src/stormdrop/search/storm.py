@@ -65,6 +65,10 @@ class StormConfig:
     # more than there are donors). Not the default: where it was measured it was no better than donor
     # order within the runs' noise and took longer (README "Reuse", RESULTS.md).
     transfer_pool: int = 1
+    # With a prior, reuse leaves this many of the storm's trials to the prior's picks among random
+    # samples (reuse takes the rest, at least one): at a share of two trials a task, transfers
+    # from sibling tasks tuned as briefly are otherwise a task's only schedules.
+    prior_picks: int = 0
     # Which donors reuse tries first (reuse.donors): "class" (the nearest relation of the fused
     # operators, then shapes) or "shape" (the nearest shapes, then the relation: no better where
     # it was measured, RESULTS.md).
@@ -298,8 +302,10 @@ class Storm:
         size = min(self.remaining, limit or self.remaining, self.config.batch_size)  # reuse came out of the budget
         self._pending, out = [], []
         for mc in pool:
+            if len(out) >= size:  # a candidate's key costs its trace as JSON: the rest of a pool is left
+                break
             cand = Candidate.from_schedule(mc.sch, Phase.STORM, mc.args_info)
-            if cand.key not in self._seen and len(out) < size:
+            if cand.key not in self._seen:
                 self._seen.add(cand.key)
                 self._pending.append(mc)
                 out.append(cand)

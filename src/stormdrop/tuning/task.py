@@ -343,6 +343,8 @@ class TaskTuner:
         if self.reuse_donors <= 0:
             return None
         room = self.storm.remaining if Phase.STORM in self.phases else self.reuse_donors
+        if Phase.STORM in self.phases and self.storm.ranks:  # the prior's picks keep their trials
+            room = max(min(room, 1), room - self.storm_config.prior_picks)
         task = self.task
         return Reuse(task.db, task.entry, task.target_key, self.storm, budget=min(self.reuse_donors, room),
                      donors=self.donor_dbs, config=self.storm_config)
