@@ -6,6 +6,8 @@ Two sets:
 
 - ``full``: the real-export benchmark's networks at their usual sizes (``bench_models.py
   --models DIR/a.onnx,...``);
+- ``small``: mobile-style networks at 96x96 for the small-budget benchmark (``bench_small.py
+  --cases DIR/a.onnx:128,...``), in no other set;
 - ``fixtures``: the same families in tiny configurations, committed under
   ``tests/fixtures/exports/`` so that CI checks the importer paths these exporters produce
   (``Gelu``, ``LayerNormalization``, attention masks, int64 inputs, grouped convolutions, SE
@@ -13,6 +15,7 @@ Two sets:
 
     python benchmarks/export_networks.py --set fixtures --out tests/fixtures/exports
     python benchmarks/export_networks.py --set full --out /tmp/exports [--only convnext_tiny,distilbert]
+    python benchmarks/export_networks.py --set small --out /tmp/small
 
 Needs ``torch``, ``torchvision``, ``timm``, ``transformers`` and ``onnxscript`` (not stormdrop's
 dependencies). With a CPU-only ``torch``, torchvision's compiled operators (detection ops, which
@@ -70,6 +73,21 @@ def _tokens(vocab: int, seq: int, token_types: bool = False):
 
 
 # ---- full size -----------------------------------------------------------------------------------
+@network("regnet_x_400mf", "small")
+def _regnet_x_400mf():
+    return _torchvision().models.regnet_x_400mf(), _image(96)
+
+
+def _timm_small(name: str):
+    import timm
+
+    return timm.create_model(name, pretrained=False), _image(96)
+
+
+for _name in ("ghostnet_100", "mixnet_s", "lcnet_100"):  # timm: ghost modules, mixed-kernel depthwise, hardswish
+    network(_name, "small")(lambda _name=_name: _timm_small(_name))
+
+
 @network("mobilenet_v3_large", "full")
 def _mbv3_large():
     return _torchvision().models.mobilenet_v3_large(), _image(224)
@@ -239,7 +257,7 @@ def export(name: str, build: Callable, out_dir: str, embed: bool) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--set", choices=["full", "fixtures"], required=True)
+    p.add_argument("--set", choices=["full", "small", "fixtures"], required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--only", default=None, help="comma-separated names (default: the whole set)")
     args = p.parse_args(argv)

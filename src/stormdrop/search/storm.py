@@ -67,7 +67,8 @@ class StormConfig:
     transfer_pool: int = 1
     # With a prior, reuse leaves this many of the storm's trials to the prior's picks among random
     # samples (reuse takes the rest, at least one): at a share of two trials a task, transfers
-    # from sibling tasks tuned as briefly are otherwise a task's only schedules.
+    # from sibling tasks tuned as briefly are otherwise a task's only schedules. Not the default: no
+    # better on held out networks where it was measured, and slower to tune (docs/guide.md "Reuse").
     prior_picks: int = 0
     # Which donors reuse tries first (reuse.donors): "class" (the nearest relation of the fused
     # operators, then shapes) or "shape" (the nearest shapes, then the relation: no better where
