@@ -322,15 +322,23 @@ def storm_fields(spec: str) -> dict:
     return out
 
 
+_STORM = "storm "  # a --storm-ab arm's result key: this and its FIELD=VALUE spec
+
+
 def storm_arm(spec: str) -> str:
     """The result key of a ``--storm-ab`` arm."""
-    return f"storm {spec}"
+    return _STORM + spec
+
+
+def storm_specs(r: dict) -> dict[str, str]:
+    """The ``--storm-ab`` arms a result holds: key -> spec."""
+    return {k: k[len(_STORM):] for k in r if k.startswith(_STORM)}
 
 
 def arm_words(r: dict) -> dict:
     """``_ARMS`` and the ``--storm-ab`` arms ``r`` holds."""
-    storm = {k: (f"tuned with {k[6:]} (--storm-ab", "with the defaults", f"{k[6:]} / defaults", False, k[6:])
-             for k in r if k.startswith("storm ")}
+    storm = {k: (f"tuned with {s} (--storm-ab", "with the defaults", f"{s} / defaults", False, s)
+             for k, s in storm_specs(r).items()}
     return {**_ARMS, **storm}
 
 

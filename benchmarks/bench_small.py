@@ -29,9 +29,10 @@ ARMS = [("no_hub", "no hub"), ("other_prior", "other prior")]
 
 
 def arms(raw: list[dict]) -> list[tuple[str, str]]:
-    """``ARMS`` and the ``--storm-ab`` arms (keys ``storm SPEC``) the results hold, in order."""
-    storm = list(dict.fromkeys(k for r in raw for k in r if k.startswith("storm ")))
-    return ARMS + [(k, k[6:]) for k in storm]
+    """``ARMS`` and the ``--storm-ab`` arms the results hold, in order: (key, name)."""
+    from bench_models import storm_specs
+
+    return ARMS + list({k: s for r in raw for k, s in storm_specs(r).items()}.items())
 
 
 def parse_cases(text: str) -> list[tuple[str, int | None, int]]:
