@@ -23,6 +23,8 @@ import sys
 import tempfile
 import time
 
+import _arms  # beside this script: benchmarks/ is on sys.path when it runs
+
 WARM_UP_MS = 40.0  # --warm-up on: each candidate's untimed warm-up runs (MeasureConfig.warmup_ms)
 MODELS = ["resnet18", "mobilenet_v2", "bert_base", "squeezenet1_0", "resnet50", "mnasnet1_0"]
 HEADER = ["model", "tasks", "untuned ms", "ONNX Runtime ms", "OpenVINO ms", "stormdrop ms", "tuning s", "MS same ms",
@@ -211,7 +213,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
         if args.prior_ab:  # the same tuning, the cost model starting from another prior
             arms.append(("other_prior", {"prior_file": args.prior_ab, "prior_alone": args.prior_ab_alone}))
         for spec in args.storm_ab:  # the same tuning with other storm parameters
-            arms.append((storm_arm(spec), {"storm": storm_fields(spec)}))
+            arms.append((_arms.storm_arm(spec), {"storm": _arms.storm_fields(spec)}))
         for key, changes in arms:
             arm = {"cache_flush": {"auto": None, "on": True}.get(args.cache_flush, False), "lowering": lowering,
                    **changes}
@@ -282,7 +284,7 @@ def breakdown(raw: list[dict], top: int = 6) -> list[str]:
             lines.append(f"  - in-model choice: {len(sd.get('deployed', {}))} task(s) deploy another of their best "
                          f"records; the model {sd['latency_s'] * 1e3:.2f} ms, with every task's best record "
                          f"{sd['best_records']['latency_s'] * 1e3:.2f} ms (timed in turns)")
-        for key, (how, main, ratio_name, main_over_arm, arm_name) in arm_words(r).items():
+        for key, (how, main, ratio_name, main_over_arm, arm_name) in _arms.arm_words(r).items():
             arm = r.get(key, {})
             if arm.get("latency_s") and sd.get("latency_s"):
                 ratio = sd["latency_s"] / arm["latency_s"] if main_over_arm else arm["latency_s"] / sd["latency_s"]
@@ -292,54 +294,6 @@ def breakdown(raw: list[dict], top: int = 6) -> list[str]:
                              f"{r['onnxruntime_s'] / arm['latency_s']:.2f}; its kernels timed inside the model "
                              f"{sum(t['in_model_s'] or 0 for t in arm['per_task']) * 1e3:.2f} ms")
     return lines + ([""] if lines else [])
-
-
-# A/B arms in the notes: key -> (how it was tuned, the main build, the ratio's name, main / arm?, the arm)
-_ARMS = {"cold_tuned": ("tuned with the caches flushed (--cache-flush", "tuned warm", "warm / cold", True, "cold"),
-         "unpadded": ("tuned with attentions at their own length (--pad-attention ab", "padded", "unpadded / padded",
-                      False, "unpadded"),
-         "unpadded_rows": ("tuned with matrix products at their own row count (--pad-rows ab", "padded rows",
-                           "unpadded / padded", False, "unpadded rows"),
-         "no_hub": ("tuned without the schedule hub (--hub ab", "with the hub", "no hub / hub", False, "no hub"),
-         "no_warm_up": ("tuned with candidates timed straight from idle (--warm-up ab", "warmed up",
-                        "no warm-up / warm-up", False, "no warm-up"),
-         "other_prior": ("tuned with the cost-model prior of --prior-ab", "with the shipped prior",
-                         "other prior / shipped", False, "other prior")}
-
-
-def storm_fields(spec: str) -> dict:
-    """``FIELD=VALUE[,FIELD=VALUE]`` as StormConfig fields, each value of its field's type."""
-    from stormdrop.search.storm import StormConfig
-
-    defaults, out = StormConfig(), {}
-    for item in filter(None, spec.split(",")):
-        name, _, value = item.partition("=")
-        if not hasattr(defaults, name):
-            raise SystemExit(f"--storm-ab: StormConfig has no field {name!r}")
-        kind = type(getattr(defaults, name))
-        out[name] = value.lower() in ("1", "true", "yes") if kind is bool else \
-            (value if kind in (str, type(None)) else kind(value))
-    return out
-
-
-_STORM = "storm "  # a --storm-ab arm's result key: this and its FIELD=VALUE spec
-
-
-def storm_arm(spec: str) -> str:
-    """The result key of a ``--storm-ab`` arm."""
-    return _STORM + spec
-
-
-def storm_specs(r: dict) -> dict[str, str]:
-    """The ``--storm-ab`` arms a result holds: key -> spec."""
-    return {k: k[len(_STORM):] for k in r if k.startswith(_STORM)}
-
-
-def arm_words(r: dict) -> dict:
-    """``_ARMS`` and the ``--storm-ab`` arms ``r`` holds."""
-    storm = {k: (f"tuned with {s} (--storm-ab", "with the defaults", f"{s} / defaults", False, s)
-             for k, s in storm_specs(r).items()}
-    return {**_ARMS, **storm}
 
 
 def row(r: dict) -> list[str]:

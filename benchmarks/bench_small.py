@@ -24,17 +24,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 HEADER = ["network", "input", "trials", "tasks", "ONNX Runtime ms", "OpenVINO ms", "stormdrop ms", "tuning s",
           "ORT / stormdrop", "OV / stormdrop", "held out"]
-# A/B arms (bench_models.py) that add columns: key in a case's result, its name in the header
-ARMS = [("no_hub", "no hub"), ("other_prior", "other prior")]
-
-
-def arms(raw: list[dict]) -> list[tuple[str, str]]:
-    """``ARMS`` and the ``--storm-ab`` arms the results hold, in order: (key, name)."""
-    from bench_models import storm_specs
-
-    return ARMS + list({k: s for r in raw for k, s in storm_specs(r).items()}.items())
-
-
 def parse_cases(text: str) -> list[tuple[str, int | None, int]]:
     out = []
     for case in filter(None, (c.strip() for c in text.split(","))):
@@ -65,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import bench_models
+    from _arms import columns
     from _peers import checkpoint, machine, publish
     from bench_kernels import pin_threads
     from small_networks import NETWORKS, write
@@ -105,11 +95,11 @@ def main(argv: list[str] | None = None) -> int:
                          ms_(r.get("openvino_s")), ms_(lat) if lat else sd.get("status", "-"),
                          f"{sd.get('tuning_s', 0):.0f}", ratio(r["onnxruntime_s"]), ratio(r.get("openvino_s")),
                          "yes" if r["held_out"] else "no"]
-                        + [cell for key, _ in arms(raw) if key in r
+                        + [cell for key, _ in columns(raw) if key in r
                            for cell in (ms_(r[key].get("latency_s")), ratio(r["onnxruntime_s"], r[key].get("latency_s")),
                                         ratio(r.get("openvino_s"), r[key].get("latency_s")))])
             checkpoint(rows[-1], args.json, canonical(target), "cases", raw)
-    header = HEADER + [h for key, name in arms(raw) if any(key in r for r in raw)
+    header = HEADER + [h for key, name in columns(raw)
                        for h in (f"{name} ms", f"ORT / {name}", f"OV / {name}")]
     lines = ["", f"## Small inputs and budgets, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- machine: {machine()}; target: `{canonical(target)}`", f"- command: `{' '.join(sys.argv)}`",
