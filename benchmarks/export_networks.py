@@ -84,7 +84,10 @@ def _timm_small(name: str):
     return timm.create_model(name, pretrained=False), _image(96)
 
 
-for _name in ("ghostnet_100", "mixnet_s", "lcnet_100"):  # timm: ghost modules, mixed-kernel depthwise, hardswish
+# timm: ghost modules, mixed-kernel depthwise, hardswish; then mobile NAS networks of 46-102 tasks (the
+# short time budgets' cases)
+for _name in ("ghostnet_100", "mixnet_s", "lcnet_100", "fbnetc_100", "semnasnet_075", "tinynet_a", "rexnet_100",
+              "spnasnet_100", "efficientnet_lite0", "hardcorenas_a", "mnasnet_small"):
     network(_name, "small")(lambda _name=_name: _timm_small(_name))
 
 

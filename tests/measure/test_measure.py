@@ -277,3 +277,47 @@ def test_a_nan_where_the_reference_has_one_agrees_and_nowhere_else():
     got[0], got[1], got[3] = np.nan, 2.0, 1.0
     assert mismatches(got, want).tolist() == [True, True, False, True, False]
     assert mismatches(want + 2e3, want).tolist() == [True, False, True, False, False]  # tolerance of 1e6's finite scale
+
+
+@pytest.mark.slow  # compiles every task of two fixture networks twice
+@pytest.mark.parametrize("fixture", ["tv_mobilenet_v3.onnx", "hf_distilbert.onnx"])
+def test_the_reference_compiled_at_o1_computes_what_o3_does(fixture):
+    """References are compiled at LLVM -O1 (``reference_target``): every task of a CNN with hardswish
+    and SE blocks and of a transformer with GELU, layer norm and softmax gives outputs the check
+    cannot tell from those it gives at the target's own -O3 (most of them bitwise: LLVM contracts
+    multiply-adds into FMAs in other places at the two levels)."""
+    from pathlib import Path
+
+    import tvm
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    from stormdrop.measure._worker import reference_target
+    from stormdrop.measure.outputs import mismatches
+    from stormdrop.model.tune import extract_tasks
+    from stormdrop.target import host_target
+    from stormdrop.workloads.models import load_model
+
+    target = host_target()
+    assert reference_target(target).attrs["opt-level"] == 1
+    assert reference_target(tvm.target.Target("cuda")).kind.name == "cuda"
+    _, tasks = extract_tasks(load_model(str(Path(__file__).resolve().parents[1] / "fixtures" / "exports" / fixture)),
+                             target)
+    assert len(tasks) >= 5
+    same = 0
+    for kernel, _ in tasks:
+        rng = np.random.default_rng(0)
+        infos = ArgInfo.from_prim_func(kernel.mod["main"])
+        start = [rng.uniform(-1, 1, [int(x) for x in a.shape]).astype(str(a.dtype))
+                 if not str(a.dtype).startswith("int") else rng.integers(0, 8, [int(x) for x in a.shape]).astype(str(a.dtype))
+                 for a in infos]
+        outs = []
+        for t in (target, target, reference_target(target)):
+            args = [tvm.runtime.tensor(a) for a in start]
+            tvm.build(kernel.mod, target=t)["main"](*args)
+            outs.append([a.numpy() for a in args])
+        if not all(np.array_equal(a, b, equal_nan=True) for a, b in zip(outs[0], outs[1])):
+            continue  # random indices out of range (a gather): not the same at -O3 twice either
+        outs = outs[::2]
+        assert not any(mismatches(b, a).any() for a, b in zip(*outs)), kernel.name
+        same += all(np.array_equal(a, b, equal_nan=True) for a, b in zip(*outs))
+    assert same >= len(tasks) // 2, (same, len(tasks))

@@ -153,3 +153,23 @@ def test_the_priors_picks_keep_their_trials_beside_the_transfers(tmp_path, picks
             pass
         tally = task.tally()
     assert (tally["reuse"], tally["storm"]) == ((2, 0) if picks == 0 else (1, 1)), tally
+
+
+@pytest.mark.parametrize("builders", [1, 2])
+def test_first_rounds_of_a_candidate_share_the_builders(tmp_path, builders):
+    """A cap of one trial a task (first rounds of one candidate): on two builders two tasks' first
+    rounds are built side by side in one batch, so the search takes half the builds' time; on one
+    builder each is a batch of its own. The cap holds either way and every task is reached."""
+    clock = SimClock()
+    measurer = ReplayMeasurer(synthetic(seed=6), build_s=1.0, run_s=0.01, builders=builders, clock=clock)
+    batches = []
+    measure = measurer.measure
+    measurer.measure = lambda key, mods, on_result=None: batches.append(len(mods)) or measure(key, mods, on_result)
+    specs = (*SPECS, "matmul:M=16,N=64,K=48", "matmul:M=48,N=16,K=32")
+    with Database(tmp_path / "g.db") as db:
+        sessions, stopped = _tune(db, measurer, specs=specs, budget=Budget(trials=len(specs), clock=clock))
+    assert stopped == "the trial budget"
+    assert [measured(s) for s in sessions] == [1] * len(specs)
+    search = batches[:-1]  # the last batch verifies every task's best
+    assert search == ([2, 2] if builders == 2 else [1, 1, 1, 1]), batches
+    assert all(s.result.verified for s in sessions)

@@ -63,6 +63,18 @@ def serve(conn: Any, role: str, target_json: str, rpc: RpcConfig | None) -> None
             conn.send(("error", msg[-3000:] or traceback.format_exc()[-3000:]))
 
 
+def reference_target(target: Any) -> Any:
+    """The target a workload's untuned reference is compiled for: on a CPU, LLVM at -O1 instead of
+    -O3. A reference runs once, so LLVM's own compile (done at its first call) is most of its cost
+    (a model's references are made before its first candidate runs), and without fast-math the
+    optimisation level does not change its outputs (``tests/measure/test_measure.py``)."""
+    import tvm
+
+    if target.kind.name != "llvm":
+        return target
+    return tvm.target.Target({**dict(target.export()), "opt-level": 1})
+
+
 def _build(target: Any, mod_json: str, out_path: str) -> dict:
     """Build a candidate; returns ``{"timed": path, "args": [[shape, dtype]...], "pack": plan | None,
     "codegen_s": seconds}`` (``codegen_s``: ``tvm.build``'s own, what compiling the kernel into a
@@ -247,7 +259,7 @@ class _RunnerState:
             from stormdrop.tvm_compat.relax_passes import gpu_default_schedule
 
             mod = gpu_default_schedule(mod, self.target)
-        rt_mod = tvm.build(mod, target=self.target)
+        rt_mod = tvm.build(mod, target=reference_target(self.target))
         if self.session is not None:  # the reference runs where the candidates run
             import tempfile
 

@@ -158,6 +158,11 @@ class Gateway:
         if room > 0:
             log.info("%d more RPC device(s) under %s joined: %d timing", room, rpc.key, len(self._runners))
 
+    @property
+    def builders(self) -> int:
+        """Candidates built side by side (a batch of fewer leaves builders idle)."""
+        return len(self._builders)
+
     def candidate_s(self) -> tuple[float, float]:
         """Wall seconds to build, and to run, one candidate measured alone, from what this gateway
         measured so far ((0, 0) before anything): a build as its builder timed it (a batch's wall

@@ -11,6 +11,7 @@ Contracts:
   is known, so a caller commits it at once. A failure is a typed result, never an exception.
 - ``candidate_s()``, ``batch_s(n)``, ``compile_s(kernels)``: wall-second estimates from what was
   measured so far ((0, 0) / 0 before anything), read by the budget to keep time for the finish.
+- ``builders``: how many candidates it builds side by side (a batch of fewer leaves some idle).
 - ``config``: the ``MeasureConfig`` it measures with (``check_correctness`` says whether a
   verified result was checked against the reference).
 - ``close()``: stop its processes; a measurer is a context manager too.
@@ -31,6 +32,7 @@ class Measurer(Protocol):
     """Times candidates of prepared workloads; see the module docstring."""
 
     config: object
+    builders: int
 
     def prepare(self, key: str, workload: tvm.IRModule, seed: int = 0) -> None: ...
 

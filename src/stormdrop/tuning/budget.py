@@ -64,19 +64,24 @@ def next_step_s(steps: Sequence[float], extension_steps: Sequence[float], extend
     return max(extension_steps or steps[1:], default=0.0)
 
 
-def first_round_limit(waiting: int, first_rounds: Sequence[tuple[float, int]], time_left: float) -> int | None:
+def first_round_limit(waiting: int, first_rounds: Sequence[tuple[float, int]], time_left: float,
+                      floor_s: float = 0.0) -> int | None:
     """Candidates each of the ``waiting`` tasks not yet reached may measure in its first round so
     that all of them fit in ``time_left`` (the deadline less the finishing), scaled from the first
-    rounds so far ((seconds, candidates) each) but the very first, which pays the gateway's warm-up
-    (an order of magnitude slower than the next ones); None while full rounds fit. At least one: a
-    task never reached runs as a naive loop nest. (Without the limit, a many-task model given a
-    short budget for transfers and raindrop ran past its deadline on first rounds.)"""
-    rounds = first_rounds[1:]
-    if not waiting or not rounds:
+    rounds so far ((seconds, candidates) each): as many candidates as the largest of them (a cheap
+    task's two transfers say nothing of the next task's storm batch), each taking what one took but
+    in the very first round, which pays the gateway's warm-up (an order of magnitude slower than the
+    next ones), and at least ``floor_s``, the measurer's own estimate of a candidate; None while
+    full rounds fit. At least one: a task never reached runs as a naive loop nest. (Without the
+    limit, a many-task model given a short budget for transfers and raindrop ran past its deadline
+    on first rounds; scaled from the mean round, a 62-task model's first cheap round let the next
+    task take a full storm batch, a tenth of a 60-s budget.)"""
+    per = max(first_round_candidate_s(first_rounds), floor_s)
+    if not waiting or not first_rounds or per <= 0:
         return None
-    if waiting * sum(s for s, _ in rounds) / len(rounds) <= time_left:
+    if waiting * max(n for _, n in first_rounds) * per <= time_left:
         return None
-    return max(1, int(max(time_left, 0.0) / (waiting * first_round_candidate_s(first_rounds))))
+    return max(1, int(max(time_left, 0.0) / (waiting * per)))
 
 
 def first_round_candidate_s(first_rounds: Sequence[tuple[float, int]]) -> float:
@@ -84,6 +89,15 @@ def first_round_candidate_s(first_rounds: Sequence[tuple[float, int]]) -> float:
     the very first, which pays the gateway's warm-up; 0 before any other."""
     rounds = first_rounds[1:]
     return sum(s for s, _ in rounds) / max(sum(n for _, n in rounds), 1)
+
+
+def measurer_candidate_s(measurer: object) -> float:
+    """Wall seconds a candidate takes in a batch that keeps the ``measurer``'s builders busy (its
+    own estimate, 0 before anything was measured or without a measurer)."""
+    if measurer is None:
+        return 0.0
+    builders = max(1, int(getattr(measurer, "builders", 1)))
+    return measurer.batch_s(builders) / builders
 
 
 def first_batch_size(trials: int | None, num_tasks: int, batch: int) -> int | None:
@@ -137,24 +151,26 @@ class Ledger:
         first rounds shrink instead: ``limit``)."""
         return self.budget.spent(self.used, self.finish_s(extending) if extending or not waiting else 0.0)
 
-    def limit(self, first: bool, waiting: int) -> int | None:
+    def limit(self, first: bool, waiting: int, pending: int = 0) -> int | None:
         """Candidates the next step may measure (None: no limit): what is left of the trial cap, less
         one for each other task still ``waiting`` for its first round when this is a ``first`` one (at
         least one), and for a ``first`` round what lets the waiting ones all fit in the time left
         (``first_round_limit``). A task never reached runs as a naive loop nest: the reserve lets a cap of
-        at least one trial a task reach every task."""
+        at least one trial a task reach every task. ``pending``: candidates other tasks proposed for
+        the same batch, not yet told (``tell_step``)."""
         caps = []
         if self.budget.trials is not None:  # a hard cap
-            left = self.budget.trials - self.used
+            left = self.budget.trials - self.used - pending
             caps.append(max(1, left - (waiting - 1)) if first else left)
             if first and left < waiting:
                 self._tell_untuned("trial", f"{waiting} tasks not reached yet and {left} trials left; "
                                             f"{waiting - left} stay untuned", "--trials of at least the model's task count")
         if first and math.isfinite(self.budget.deadline):
             left = self.budget.deadline - self.budget.clock() - self.finish_s()
-            shrunk = first_round_limit(waiting, self.first_rounds, left)
+            floor = measurer_candidate_s(getattr(self.sessions[0], "measurer", None)) if self.sessions else 0.0
+            shrunk = first_round_limit(waiting, self.first_rounds, left, floor)
             caps += [shrunk] if shrunk else []
-            need = waiting * first_round_candidate_s(self.first_rounds)  # one candidate each
+            need = waiting * max(first_round_candidate_s(self.first_rounds), floor)  # one candidate each
             if shrunk == 1 and need > left:
                 self._tell_untuned("time", f"{waiting} tasks not reached yet need about {need:.0f} s (one candidate "
                                            f"each) and {max(left, 0.0):.0f} s are left; those the deadline comes "

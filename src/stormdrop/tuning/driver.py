@@ -22,7 +22,7 @@ from stormdrop.storage.donors import open_donors
 from stormdrop.storage.hub import open_hub
 from stormdrop.tuning.budget import Budget, Ledger
 from stormdrop.tuning.scheduler import GradientScheduler, TaskState
-from stormdrop.tuning.task import TaskSession, TaskTuner
+from stormdrop.tuning.task import TaskSession, TaskTuner, evaluate_together
 from stormdrop.tuning.verify import verify_bests
 
 
@@ -59,6 +59,39 @@ def most_costly(states: list[TaskState], exhausted: set[int], extensions: dict[i
     n = extensions or {}
     live = [i for i, t in enumerate(states) if i not in exhausted and math.isfinite(t.best)]
     return max(live, key=lambda i: states[i].weight * states[i].best / (1 + n.get(i, 0)), default=None)
+
+
+def first_rounds_together(i: int, after: Sequence[int], tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession],
+                          ledger: Ledger, waiting: int) -> list[tuple[int, float, int]]:
+    """Task ``i``'s first round and, while the batch would leave builders idle (a short budget's
+    first rounds of a candidate or two), the first rounds of the tasks waiting ``after`` it, in
+    the scheduler's order, measured in one batch: the builders build them side by side. Each is
+    sized as it would be alone (``Ledger.limit``, the candidates proposed before it pending). A
+    task proposed later in the batch cannot take those before it as reuse donors: a batch is no
+    larger than the builders. Returns (task, its share of the seconds, candidates measured) each."""
+    clock = ledger.budget.clock
+    builders = sessions[i].measurer.builders
+    group: list[int] = []
+    batches: list[list] = []
+    propose_s: list[float] = []
+    for j in (i, *after):
+        if sum(len(b) for b in batches) >= builders:
+            break
+        t0 = clock()
+        cands = tuners[j].propose(ledger.limit(True, waiting - len(group), sum(len(b) for b in batches)))
+        group.append(j)
+        batches.append(cands or [])
+        propose_s.append(clock() - t0)
+    before = [measured(sessions[j]) for j in group]
+    live = [n for n, j in enumerate(group) if not tuners[j].done]
+    t0 = clock()
+    results = evaluate_together([sessions[group[n]] for n in live], [batches[n] for n in live])
+    for n, res in zip(live, results):
+        tuners[group[n]].tell(batches[n], res)
+    measure_s = clock() - t0
+    total = max(sum(len(batches[n]) for n in live), 1)
+    return [(j, propose_s[n] + measure_s * len(batches[n]) / total, measured(sessions[j]) - before[n])
+            for n, j in enumerate(group)]
 
 
 def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights: Sequence[int], budget: Budget, *,
@@ -110,16 +143,22 @@ def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights:
             else:
                 stopped_by = "every task done"
             break
-        before, t0, first = measured(sessions[i]), clock(), states[i].rounds == 0
-        tuners[i].step(limit=ledger.limit(first, waiting()))
-        seconds = clock() - t0
-        ledger.tell_step(seconds, measured(sessions[i]) - before, first=first, extending=extending)
-        sessions[i].result.tuning_s += seconds  # each task's own share of the wait
-        if tuners[i].done and extended.get(i) == measured(sessions[i]):
-            exhausted.add(i)  # its extension found nothing new to measure
-        sched.tell(i, sessions[i].best, finished=tuners[i].done)
-        if on_step is not None:
-            on_step(i, ledger.used)
+        first = states[i].rounds == 0
+        if first and getattr(getattr(sessions[i], "measurer", None), "builders", 1) > 1:
+            group = first_rounds_together(i, [j for j in sched.live() if states[j].rounds == 0 and j != i],
+                                          tuners, sessions, ledger, waiting())
+        else:
+            before, t0 = measured(sessions[i]), clock()
+            tuners[i].step(limit=ledger.limit(first, waiting()))
+            group = [(i, clock() - t0, measured(sessions[i]) - before)]
+        for j, seconds, candidates in group:
+            ledger.tell_step(seconds, candidates, first=first, extending=extending)
+            sessions[j].result.tuning_s += seconds  # each task's own share of the wait
+            if tuners[j].done and extended.get(j) == measured(sessions[j]):
+                exhausted.add(j)  # its extension found nothing new to measure
+            sched.tell(j, sessions[j].best, finished=tuners[j].done)
+            if on_step is not None:
+                on_step(j, ledger.used)
     for tuner, session in zip(tuners, sessions):
         t0 = clock()
         tuner.finish()

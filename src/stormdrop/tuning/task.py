@@ -108,59 +108,12 @@ class TaskSession:
         """Results for candidates: from the database when stored, else measured and committed.
         ``fresh`` says afterwards which of them this call measured: the budget ledger charges a
         phase for those only (a stored result, e.g. of a run that was killed, costs nothing again)."""
-        results: list[MeasureResult | None] = [None] * len(cands)
-        fresh = [False] * len(cands)
-        todo, retry = [], {}
-        for i, c in enumerate(cands):
-            rec = None if c.remeasure else self.db.lookup(self.entry.workload_id, self.target_key, c.key)
-            if rec is not None and not rec.retry_due:
-                results[i] = rec.result
-            else:
-                todo.append(i)
-                if rec is not None:  # a retryable failure (run timeout, runner crash): measured once more
-                    retry[i] = rec
-        versions = tool_versions()
-        wid, tgt = self.entry.workload_id, self.target_key
-        # another tuner on this database measures these right now: take its results, measure the rest
-        elsewhere = self.db.claim(wid, tgt, [cands[i].key for i in todo if not cands[i].remeasure], owner())
-        waiting = [i for i in todo if not cands[i].remeasure and cands[i].key in elsewhere]
-        todo = [i for i in todo if i not in waiting]
+        return evaluate_together([self], [cands])[0]
 
-        def commit(j: int, r: MeasureResult) -> None:  # each result committed as it arrives
-            i = todo[j]
-            results[i] = r
-            c = cands[i]
-            if c.remeasure:
-                return
-            fresh[i] = True
-            if i in retry:
-                self.db.commit_remeasure(retry[i], r, time.time(), versions)
-            else:
-                _, new = self.db.commit_record_new(Record(wid, tgt, c.key, c.trace_json, _args_json(c), r, c.phase,
-                                                          time.time(), versions))
-                if not new:  # claims and lookups exist to prevent this; benchmarks/faults.py counts it
-                    log.warning("%s: candidate %s was measured twice", self.kernel.name, c.key[:12])
-            self.db.release(wid, tgt, c.key, owner())
-            self.result.trials[c.phase.value] += 1
-            if not r.ok:
-                self.result.trials["failed"] += 1
-                log.debug("%s candidate failed: %s %s", c.phase.value, r.error.value, r.error_msg[:200])
-            elif r.mean < self.best:
-                self.best = r.mean
-            self.result.history.append(Trial(len(self.result.history) + 1, time.monotonic() - self.started,
-                                             r.mean if r.ok else None, _finite(self.best), c.phase, r.error))
-            if self.progress is not None:
-                self.progress.update(1)
-                self.progress.set_postfix_str(self.status(c.phase))
-
-        self.measurer.measure(self.entry.shash, [cands[i].mod for i in todo], on_result=commit)
-        for i in waiting:
-            r, fresh[i] = self._measured_elsewhere(cands[i])
-            results[i] = r
-            if r.ok and r.mean < self.best:
-                self.best = r.mean
-        self.fresh = fresh
-        return results  # type: ignore[return-value]
+    def begin(self, cands: list[Candidate]) -> Evaluation:
+        """The first half of ``evaluate``: stored results looked up, the rest claimed; the
+        ``Evaluation``'s ``mods`` are what is left to measure, its ``commit`` takes each result."""
+        return Evaluation(self, cands)
 
     def _measured_elsewhere(self, cand: Candidate) -> tuple[MeasureResult, bool]:
         """The result another tuner is measuring: its record once committed, or, if its claim
@@ -200,6 +153,84 @@ def owner() -> str:
 
 def tool_versions() -> str:
     return f"stormdrop {__version__}; tvm {tvm.__version__}"
+
+
+class Evaluation:
+    """One batch of a task's candidates being evaluated (``TaskSession.begin``): the stored results
+    looked up and the rest claimed on construction; ``commit`` each measured result as it arrives
+    (``mods``: the modules to measure, in that order); ``end`` waits for the candidates another
+    tuner was measuring and returns every result, ``fresh`` set on the session."""
+
+    def __init__(self, task: TaskSession, cands: list[Candidate]) -> None:
+        self.task, self.cands = task, cands
+        self.results: list[MeasureResult | None] = [None] * len(cands)
+        self.fresh = [False] * len(cands)
+        todo, self.retry = [], {}
+        db, wid, tgt = task.db, task.entry.workload_id, task.target_key
+        for i, c in enumerate(cands):
+            rec = None if c.remeasure else db.lookup(wid, tgt, c.key)
+            if rec is not None and not rec.retry_due:
+                self.results[i] = rec.result
+            else:
+                todo.append(i)
+                if rec is not None:  # a retryable failure (run timeout, runner crash): measured once more
+                    self.retry[i] = rec
+        self.versions = tool_versions()
+        # another tuner on this database measures these right now: take its results, measure the rest
+        elsewhere = db.claim(wid, tgt, [cands[i].key for i in todo if not cands[i].remeasure], owner())
+        self.waiting = [i for i in todo if not cands[i].remeasure and cands[i].key in elsewhere]
+        self.todo = [i for i in todo if i not in self.waiting]
+        self.mods = [cands[i].mod for i in self.todo]
+
+    def commit(self, j: int, r: MeasureResult) -> None:
+        """The result of ``mods[j]``, committed at once."""
+        task, i = self.task, self.todo[j]
+        self.results[i] = r
+        c = self.cands[i]
+        if c.remeasure:
+            return
+        self.fresh[i] = True
+        wid, tgt = task.entry.workload_id, task.target_key
+        if i in self.retry:
+            task.db.commit_remeasure(self.retry[i], r, time.time(), self.versions)
+        else:
+            _, new = task.db.commit_record_new(Record(wid, tgt, c.key, c.trace_json, _args_json(c), r, c.phase,
+                                                      time.time(), self.versions))
+            if not new:  # claims and lookups exist to prevent this; benchmarks/faults.py counts it
+                log.warning("%s: candidate %s was measured twice", task.kernel.name, c.key[:12])
+        task.db.release(wid, tgt, c.key, owner())
+        task.result.trials[c.phase.value] += 1
+        if not r.ok:
+            task.result.trials["failed"] += 1
+            log.debug("%s candidate failed: %s %s", c.phase.value, r.error.value, r.error_msg[:200])
+        elif r.mean < task.best:
+            task.best = r.mean
+        task.result.history.append(Trial(len(task.result.history) + 1, time.monotonic() - task.started,
+                                         r.mean if r.ok else None, _finite(task.best), c.phase, r.error))
+        if task.progress is not None:
+            task.progress.update(1)
+            task.progress.set_postfix_str(task.status(c.phase))
+
+    def end(self) -> list[MeasureResult]:
+        task = self.task
+        for i in self.waiting:
+            r, self.fresh[i] = task._measured_elsewhere(self.cands[i])
+            self.results[i] = r
+            if r.ok and r.mean < task.best:
+                task.best = r.mean
+        task.fresh = self.fresh
+        return self.results  # type: ignore[return-value]
+
+
+def evaluate_together(tasks: Sequence[TaskSession], batches: Sequence[list[Candidate]]) -> list[list[MeasureResult]]:
+    """``TaskSession.evaluate`` of several tasks sharing one measurer, their candidates measured in
+    one batch (the builders build several tasks' side by side)."""
+    evals = [t.begin(c) for t, c in zip(tasks, batches)]
+    owners = [(e, j) for e in evals for j in range(len(e.mods))]
+    if owners:
+        tasks[0].measurer.measure([e.task.entry.shash for e, _ in owners], [e.mods[j] for e, j in owners],
+                                  on_result=lambda n, r: owners[n][0].commit(owners[n][1], r))
+    return [e.end() for e in evals]
 
 
 def _finite(x: float) -> float | None:
@@ -279,26 +310,37 @@ class TaskTuner:
 
     def step(self, limit: int | None = None) -> bool:
         """Measure one batch of at most ``limit`` new candidates; False (and ``done``) once every phase is over."""
-        if self.done:
+        cands = self.propose(limit)
+        if cands is None:
             return False
+        self.tell(cands, self.task.evaluate(cands))
+        return True
+
+    def propose(self, limit: int | None = None) -> list[Candidate] | None:
+        """The current phase's next batch of at most ``limit`` candidates, starting the next phase
+        where one is over; None (and ``done``) once every phase is over. ``tell`` takes its results."""
+        if self.done:
+            return None
         with stop.deferred():  # TVM calls the cost model and schedule rules back in C++ here: see stormdrop.stop
             while True:
                 if self.current is None:
                     if not self.next:
                         self.finish()
-                        return False
+                        return None
                     self.current = self.next.pop(0)()  # None: a phase with nothing to do
                     continue
                 cands = self.current.propose(self._limit(limit))
                 if cands is not None:
-                    break
+                    return cands
                 self.current = None
-        results = self.task.evaluate(cands)
+
+    def tell(self, cands: list[Candidate], results: list[MeasureResult]) -> None:
+        """The results of the batch ``propose`` gave, in its order (the session's ``fresh`` says
+        which were measured for it)."""
         with stop.deferred():
             self.current.tell(cands, results, self.task.fresh)
         if not isinstance(self.current, Retry):
             self.rounds += 1
-        return True
 
     def _limit(self, limit: int | None) -> int | None:
         """A batch's cap: ``limit``, and the first storm batch's size when the storm measures first."""
