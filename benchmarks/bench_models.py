@@ -191,7 +191,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
                                 "stopped_by": r.stopped_by, "flops": sum(t.flops * t.weight for t in r.tasks),
                                 "deployed": r.deployed, "best_records": {},
                                 "in_model_candidates": args.in_model_candidates,
-                                "faster_after_s": r.faster_after_s,
+                                "faster_after_s": r.faster_after_s, "stages_s": r.stages_s,
                                 "per_task": [{"name": t.name, "weight": t.weight, "flops": t.flops,
                                               "latency_s": t.latency_s, "in_model_s": in_model.get(t.name),
                                               "trials": t.trials} for t in r.tasks]}
@@ -225,7 +225,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             timers[key] = model_timer(ex_arm, inputs, target)
             out[key] = {"tuning_s": ra.tuning_s, "trials": sum(sum(t.trials.values()) - t.trials["failed"]
                                                                for t in ra.tasks),
-                        "faster_after_s": ra.faster_after_s,
+                        "faster_after_s": ra.faster_after_s, "stages_s": ra.stages_s,
                         "per_task": [{"name": row.name, "weight": row.weight, "latency_s": row.latency_s,
                                       "in_model_s": row.in_model_s} for row in rows_arm]}
     print(f"  {name} stormdrop: tuned in {out['stormdrop']['tuning_s']:.0f} s", flush=True)
@@ -273,7 +273,7 @@ def breakdown(raw: list[dict], top: int = 6) -> list[str]:
         lines.append(f"- {r['model']}: stormdrop {eff:.0f} GFLOPS effective (ONNX Runtime {ort:.0f}{ov}); "
                      f"tasks' weight x stored latency {total * 1e3:.2f} ms, their kernels timed inside the model "
                      f"{in_model * 1e3:.2f} ms, the model {sd['latency_s'] * 1e3:.2f} ms; "
-                     f"{sd.get('trials', '?')} trials, stopped by {sd.get('stopped_by', '?')}; largest shares of "
+                     f"{sd.get('trials', '?')} trials, stopped by {sd.get('stopped_by', '?')}{_stages(sd)}; largest shares of "
                      "the tasks' weight x latency: " + ", ".join(
                          f"{t['name']} {100 * t['weight'] * t['latency_s'] / total:.0f}% "
                          f"({t['flops'] / t['latency_s'] / 1e9:.0f} GFLOPS"
@@ -288,12 +288,19 @@ def breakdown(raw: list[dict], top: int = 6) -> list[str]:
             arm = r.get(key, {})
             if arm.get("latency_s") and sd.get("latency_s"):
                 ratio = sd["latency_s"] / arm["latency_s"] if main_over_arm else arm["latency_s"] / sd["latency_s"]
-                lines.append(f"  - {how}, {arm['trials']} trials in {arm['tuning_s']:.0f} s): the model "
+                lines.append(f"  - {how}, {arm['trials']} trials in {arm['tuning_s']:.0f} s{_stages(arm)}): the model "
                              f"{arm['latency_s'] * 1e3:.2f} ms vs {sd['latency_s'] * 1e3:.2f} ms {main} (timed in "
                              f"turns): {ratio_name} = {ratio:.2f}; ONNX Runtime / {arm_name} = "
                              f"{r['onnxruntime_s'] / arm['latency_s']:.2f}; its kernels timed inside the model "
                              f"{sum(t['in_model_s'] or 0 for t in arm['per_task']) * 1e3:.2f} ms")
     return lines + ([""] if lines else [])
+
+
+def _stages(run: dict) -> str:
+    """Where a tune's time went (``ModelResult.stages_s``), as words in parentheses; "" without it."""
+    stages = run.get("stages_s") or {}
+    words = {"tasks": "tasks", "set_up": "set-up", "search": "search", "compile": "compile"}
+    return f" ({', '.join(f'{words.get(k, k)} {v:.1f} s' for k, v in stages.items())})" if stages else ""
 
 
 def row(r: dict) -> list[str]:

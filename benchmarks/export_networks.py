@@ -87,7 +87,8 @@ def _timm_small(name: str):
 # timm: ghost modules, mixed-kernel depthwise, hardswish; then mobile NAS networks of 46-102 tasks (the
 # short time budgets' cases)
 for _name in ("ghostnet_100", "mixnet_s", "lcnet_100", "fbnetc_100", "semnasnet_075", "tinynet_a", "rexnet_100",
-              "spnasnet_100", "efficientnet_lite0", "hardcorenas_a", "mnasnet_small"):
+              "spnasnet_100", "efficientnet_lite0", "hardcorenas_a", "mnasnet_small", "fbnetv3_b", "efficientnet_es",
+              "mobilenetv2_110d", "mixnet_m"):
     network(_name, "small")(lambda _name=_name: _timm_small(_name))
 
 

@@ -308,6 +308,11 @@ def test_cli_time_budget_keeps_tuning_past_the_per_task_cap(tmp_path):
         # best and compiling the model take (it used to run to the budget and verify after it)
         assert budget_s / 2 <= doc["tuning_s"] <= budget_s + 5, doc["tuning_s"]
     assert "Share" in r.stdout  # each task's share of the model's time
+    # where the time went: the four stages add up to the tuning time, the search took most of it
+    stages = doc["stages_s"]
+    assert list(stages) == ["tasks", "set_up", "search", "compile"] and min(stages.values()) >= 0, stages
+    assert sum(stages.values()) == pytest.approx(doc["tuning_s"], abs=0.01) and stages["search"] > budget_s / 3
+    assert "tuning time: tasks extracted " in r.stdout
     assert so.stat().st_size > 0
     assert not [p.name for p in tmp_path.iterdir() if "partial" in p.name or p.name.endswith(".tmp")]  # renamed whole
     assert "Scope Saving" not in r.stderr

@@ -164,6 +164,10 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
     print(f"model {result.model} on {describe(target)}: tuned {fmt(lat.get('tuned'))}, "
           f"{untuned}onnxruntime {fmt(lat.get('onnxruntime'))}, openvino {fmt(lat.get('openvino'))}; "
           f"tuning {result.tuning_s:.1f} s (stopped: {result.stopped_by}); output matches the reference (max |diff| {result.max_abs_error:.2g})")
+    if result.stages_s:
+        words = {"tasks": "tasks extracted", "set_up": "set-up", "search": "search and verification",
+                 "compile": "compile"}
+        print("tuning time: " + ", ".join(f"{words.get(k, k)} {v:.1f} s" for k, v in result.stages_s.items()))
     if result.faster_after_s:  # from each task's best so far, scaled to the measured model
         print("time to fast: " + faster_text(result.faster_after_s))
     if args.json:

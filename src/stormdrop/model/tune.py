@@ -66,12 +66,18 @@ class ModelResult:
     # time to fast: peer runtime -> the tuning time (s) at which the model became faster than it,
     # read from the run's records (``report.history.faster_after``), None where it never did
     faster_after_s: dict[str, float | None] = field(default_factory=dict)
+    # where ``tuning_s`` went, in wall seconds: "tasks" (the model loaded, lowered and its tasks
+    # extracted), "set_up" (the measuring processes and each task's reference), "search" (the
+    # tuning and the verification of every task's best), "compile" (the measuring processes stopped and the
+    # tuned model built)
+    stages_s: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"target": self.target, "model": self.model, "tuning_s": round(self.tuning_s, 3),
                 "latency_s": dict(self.latency_s), "tasks": [t.to_json() for t in self.tasks],
                 "in_model_choice": {"deployed": dict(self.deployed), **self.choice_s},
-                "faster_after_s": {k: None if v is None else round(v, 1) for k, v in self.faster_after_s.items()}}
+                "faster_after_s": {k: None if v is None else round(v, 1) for k, v in self.faster_after_s.items()},
+                "stages_s": {k: round(v, 3) for k, v in self.stages_s.items()}}
 
 
 def op_class(mod: tvm.IRModule, task_name: str = "") -> str:
@@ -147,7 +153,9 @@ def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = 
                     fused, tasks = extract_tasks(model, tgt, budgeted)
             lowering = budgeted
             with Gateway(tgt, measure) as gateway:
+                stages = {"tasks": time.monotonic() - start}
                 sessions = [TaskSession(database, gateway, k, tgt, seed) for k, _ in tasks]
+                stages["set_up"] = time.monotonic() - start - stages["tasks"]
                 note = {"target": canonical(tgt), "started_at": started_at, "winograd": lowering.winograd,
                         "tasks": [{"workload_id": s.entry.workload_id, "name": k.name, "weight": w}
                                   for s, (k, w) in zip(sessions, tasks)]}
@@ -179,9 +187,11 @@ def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = 
                 stopped_by = drive(tuners, sessions, [w for _, w in tasks], budget, used=used, seed=seed, storm=search.storm,
                                    on_step=show)
                 result = ModelResult(canonical(tgt), model.name, 0.0, [s.result for s in sessions], stopped_by=stopped_by)
+                stages["search"] = time.monotonic() - start - stages["tasks"] - stages["set_up"]
             # after the gateway is closed: its runners' devices (RPC) are free again for the model
             deployed = _compile_and_verify(result, model, fused, sessions, tgt, opts.output, seed, start,
                                            rpc=measure.rpc, untuned=opts.untuned, candidates=in_model_candidates)
+            result.stages_s = {**stages, "compile": result.tuning_s - sum(stages.values())}
             result.faster_after_s = faster_after(run_estimate(  # time to fast, from this run's records
                 database, [(s.entry.workload_id, w) for s, (_, w) in zip(sessions, tasks)], canonical(tgt),
                 started_at), result.latency_s)
