@@ -339,7 +339,7 @@ def test_a_live_owners_claims_are_kept_fresh_without_commits(tmp_path: Path, mon
 def test_a_forked_process_is_an_owner_of_its_own() -> None:
     import os
 
-    from stormdrop.tuning.task import owner
+    from stormdrop.tuning.evaluation import owner
 
     me = owner()
     read, write = os.pipe()

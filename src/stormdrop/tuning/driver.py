@@ -21,8 +21,9 @@ from stormdrop.storage.database import Database, default_db_path
 from stormdrop.storage.donors import open_donors
 from stormdrop.storage.hub import open_hub
 from stormdrop.tuning.budget import Budget, Ledger
+from stormdrop.tuning.evaluation import evaluate_together
 from stormdrop.tuning.scheduler import GradientScheduler, TaskState
-from stormdrop.tuning.task import TaskSession, TaskTuner, evaluate_together
+from stormdrop.tuning.task import TaskSession, TaskTuner
 from stormdrop.tuning.verify import verify_bests
 
 
@@ -74,13 +75,15 @@ def first_rounds_together(i: int, after: Sequence[int], tuners: Sequence[TaskTun
     group: list[int] = []
     batches: list[list] = []
     propose_s: list[float] = []
+    pending = 0  # candidates proposed for the batch so far
     for j in (i, *after):
-        if sum(len(b) for b in batches) >= builders:
+        if pending >= builders:
             break
         t0 = clock()
-        cands = tuners[j].propose(ledger.limit(True, waiting - len(group), sum(len(b) for b in batches)))
+        cands = tuners[j].propose(ledger.limit(True, waiting - len(group), pending)) or []
         group.append(j)
-        batches.append(cands or [])
+        batches.append(cands)
+        pending += len(cands)
         propose_s.append(clock() - t0)
     before = [measured(sessions[j]) for j in group]
     live = [n for n, j in enumerate(group) if not tuners[j].done]

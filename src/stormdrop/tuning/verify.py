@@ -11,7 +11,8 @@ from collections.abc import Sequence
 import tvm
 
 from stormdrop.records import MeasureResult, Record
-from stormdrop.tuning.task import TaskSession, tool_versions
+from stormdrop.tuning.evaluation import tool_versions
+from stormdrop.tuning.task import TaskSession
 
 log = logging.getLogger("stormdrop")
 UNTRUSTED = 2.0  # an imported best re-measured this many times slower than stored is not its stored time
