@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", default="smallcnn:128,smallres:128/256,smallmb:128/256,resnet18@56:200")
     p.add_argument("--held-out", default="smallres,smallmb,mobilenet_v2@96",
-                   help="the cases named held out before the run (NAME or NAME@RES)")
+                   help="the cases named held out before the run (NAME, NAME@RES, or an .onnx file's stem)")
     p.add_argument("--hub", default="on", choices=["on", "off", "ab"],
                    help="the schedule hub: on (the default), off, or both arms timed in turns (ab)")
     p.add_argument("--prior-ab", default=None, metavar="PRIOR.npz",
@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                                             + [a for spec in args.storm_ab for a in ("--storm-ab", spec)])
             r = bench_models.bench_one(model, margs, target)
             r = {k: ({kk: vv for kk, vv in v.items() if kk != "ex"} if isinstance(v, dict) else v) for k, v in r.items()}
-            r.update(network=name, resolution=res, trials_cap=trials, held_out=label in held or name in held)
+            stem = os.path.splitext(os.path.basename(name))[0]  # an exported file's network
+            r.update(network=name, resolution=res, trials_cap=trials, held_out=bool({label, name, stem} & held))
             raw.append(r)
             sd = r["stormdrop"]
             lat = sd.get("latency_s")

@@ -326,19 +326,22 @@ def shape_distance(a: tvm.IRModule, b: tvm.IRModule) -> float:
 
 def transfers(db: Database, entry: WorkloadEntry, target_key: str, postprocs: list, limit: int = 8,
               others: Sequence[Database] = (), per_donor: int = 1, order: str = "class",
-              spaces: Sequence[Schedule] = (), enough: int = 0, sketch_donors: int = 0) -> list[list[Candidate]]:
+              spaces: Sequence[Schedule] = (), enough: int = 0, sketch_donors: int = 0,
+              exact: set[str] | None = None) -> list[list[Candidate]]:
     """Transferred schedules for ``entry`` from at most ``limit`` donors (``donors`` order), one
     list per donor: its ``per_donor`` best records transferred, distinct, best first, then its best
     record's decisions in each of ``spaces`` (``in_sketches``). A donor none of whose schedules
     transfers gives its place to the next one. ``enough`` > 0: no more donors once the groups hold
     that many (each transfer costs a replay and the postprocessors). ``sketch_donors`` > 0: only the
-    first that many donors' decisions go into ``spaces``."""
+    first that many donors' decisions go into ``spaces``. ``exact``: given, it is told the keys of
+    the schedules that came from this very workload (another database's, the hub's)."""
     groups, seen = [], set()
     for donor, traces in donors(db, entry, target_key, others=others, per_donor=per_donor, order=order):
         if len(groups) >= limit or (enough and sum(map(len, groups)) >= enough):
             break
         group = []
-        if donor.shash == entry.shash and tvm_ffi.structural_equal(donor.mod, entry.mod):
+        same = donor.shash == entry.shash and tvm_ffi.structural_equal(donor.mod, entry.mod)
+        if same:
             # this very workload: its schedule as stored (or, its blocks named apart, transferred)
             schedules = [replayed(entry.mod, t) or transfer(donor.mod, t, entry.mod, postprocs) for t in traces]
         else:
@@ -352,6 +355,8 @@ def transfers(db: Database, entry: WorkloadEntry, target_key: str, postprocs: li
             if cand.key not in seen:
                 seen.add(cand.key)
                 group.append(cand)
+                if same and exact is not None:
+                    exact.add(cand.key)
         if group:
             groups.append(group)
     log.debug("reuse: %d candidates from %d donors", sum(map(len, groups)), len(groups))

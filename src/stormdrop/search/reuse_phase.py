@@ -6,6 +6,8 @@ stores nothing."""
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Sequence
 from functools import partial
 
@@ -14,6 +16,8 @@ from stormdrop.search.space import Candidate
 from stormdrop.search.storm import Storm, StormConfig
 from stormdrop.storage.database import Database, WorkloadEntry
 
+log = logging.getLogger("stormdrop")
+
 
 class Reuse:
     """At most ``budget`` transfers to ``entry`` from the same-class workloads of ``db`` and
@@ -21,9 +25,9 @@ class Reuse:
     ``storm``'s cost model when it has a prior, moves into the sketches); proposed once."""
 
     def __init__(self, db: Database, entry: WorkloadEntry, target_key: str, storm: Storm, *, budget: int,
-                 donors: Sequence[Database] = (), config: StormConfig | None = None) -> None:
+                 donors: Sequence[Database] = (), config: StormConfig | None = None, vet: bool = False) -> None:
         self.db, self.entry, self.target_key, self.storm = db, entry, target_key, storm
-        self.budget, self.donors = budget, tuple(donors)
+        self.budget, self.donors, self.vet = budget, tuple(donors), vet
         self.config = config or StormConfig()
         self.done = False
 
@@ -41,14 +45,40 @@ class Reuse:
         cfg, storm = self.config, self.storm
         pool = max(1, cfg.transfer_pool) if storm.ranks else 1
         sketches = cfg.transfer_sketches
+        exact: set[str] = set()
         groups = transfers(self.db, self.entry, self.target_key, storm.ctx.space_generator.postprocs,
                            limit=budget * pool, others=self.donors, per_donor=2 if pool > 1 else 1,
                            order=cfg.donor_order, spaces=storm.design_spaces() if sketches else (),
-                           enough=budget if sketches and pool == 1 else 0, sketch_donors=cfg.sketch_donors)
+                           enough=budget if sketches and pool == 1 else 0, sketch_donors=cfg.sketch_donors, exact=exact)
         if not groups:
             return None
         rank = partial(storm.predict, learn=False) if pool > 1 else None
-        return chosen_transfers(groups, budget, rank, whole=sketches)
+        return self._vetted(chosen_transfers(groups, budget, rank, whole=sketches), exact)
+
+    def _vetted(self, picks: list[Candidate], exact: set[str] = frozenset()) -> list[Candidate]:
+        """The transfers, where ``vet`` (the storm runs) and the storm's prior ranks
+        (``StormConfig.transfer_vetting``), with each one it scores below that share of one of its
+        own picks among random samples (``Storm.rivals``) replaced by that pick: a sibling tuned as
+        briefly can hand on a schedule many times slower than a random one. Schedules of this very
+        workload (``exact``: the hub's, another database's) are never replaced."""
+        share, storm = self.config.transfer_vetting, self.storm
+        if not self.vet or share <= 0 or not storm.ranks or not picks or all(c.key in exact for c in picks):
+            return picks
+        rivals = storm.rivals(sum(c.key not in exact for c in picks))
+        scores = storm.predict(picks + rivals, learn=False)
+
+        def merit(i: int) -> float:  # a pick must score above a transfer's score / share
+            if i < len(picks):
+                return math.inf if picks[i].key in exact else scores[i]
+            return share * scores[i]
+
+        ranked = sorted(range(len(scores)), key=merit, reverse=True)
+        chosen = sorted(ranked[:len(picks)])  # the transfers first, in their order
+        if any(i >= len(picks) for i in chosen):
+            log.debug("reuse: %d of %d transfers to %s give way to the prior's picks (scored %s against %s)",
+                      sum(i >= len(picks) for i in chosen), len(picks), self.entry.name,
+                      "/".join(f"{s:.2f}" for s in scores[:len(picks)]), "/".join(f"{s:.2f}" for s in scores[len(picks):]))
+        return [(picks + rivals)[i] for i in chosen]
 
     def tell(self, candidates: list[Candidate], results: list[MeasureResult],
              fresh: Sequence[bool] | None = None) -> None:

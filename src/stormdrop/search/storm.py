@@ -83,6 +83,12 @@ class StormConfig:
     # the donors' structure was wrong (mobilenet_v2) and cost donor variety where near-exact
     # donors existed (the ResNets); k = 1 keeps both (not measured yet).
     sketch_donors: int = 0
+    # With a prior and a storm phase, k > 0 vets reuse's transfers: the prior also ranks its own
+    # picks among prior_pool random samples a transfer, and a pick takes the place of a transfer
+    # that scores below k x the pick's score. Transfers from sibling tasks tuned as briefly can
+    # pass on a flaw (a tile refitted to 1 loses the vector loop, the next sibling inherits it).
+    # Not the default: faster on the development networks, 3 of 8 held out (docs/guide.md "Reuse").
+    transfer_vetting: float = 0.0
 
 
 def make_context(mod: tvm.IRModule, target: Target, *, seed: int, strategy: object = "evolutionary",
@@ -178,7 +184,7 @@ class Storm:
             genetic_mutate_prob=cfg.genetic_mutate_prob, eps_greedy=cfg.eps_greedy,
         )
         self.ctx = make_context(mod, target, seed=seed, strategy=strategy)
-        self.target = target
+        self.mod, self.target, self.seed = mod, target, seed
         self.database = ms.database.MemoryDatabase()
         self.workload = self.database.commit_workload(mod)
         if cfg.cost_model == "xgb":
@@ -343,6 +349,27 @@ class Storm:
             return pool
         scores = np.asarray(self._trained().predict(self.ctx, pool), dtype=float)
         return [pool[i] for i in np.argsort(-scores, kind="stable")]
+
+    def rivals(self, n: int) -> list[Candidate]:
+        """The prior's top ``n`` picks among ``prior_pool`` x ``n`` new random samples, as storm
+        candidates not proposed before (none without a prior): what reuse's transfers are vetted
+        against. A pick measured in reuse's batch is the storm's own, learnt there (``absorb``)."""
+        if not self._prior or n <= 0:
+            return []
+        ctx = make_context(self.mod, self.target, seed=self.seed, strategy=ms.search_strategy.ReplayTrace(), threads=1)
+        size = max(1, self.config.prior_pool) * n
+        ctx.pre_tuning(max_trials=size, num_trials_per_iter=size, design_spaces=self.design_spaces(),
+                       database=ms.database.MemoryDatabase(), cost_model=None)
+        try:
+            pool = self._ranked(list(ctx.generate_measure_candidates() or []))
+        finally:
+            ctx.post_tuning()
+        out: list[Candidate] = []
+        for mc in pool:
+            cand = Candidate.from_schedule(mc.sch, Phase.STORM, mc.args_info)
+            if cand.key not in self._seen and len(out) < n:
+                out.append(cand)
+        return out
 
     def predict(self, candidates: list[Candidate], learn: bool = True) -> list[float]:
         """Cost-model scores (higher is faster) for candidates of this workload; ``learn=False``: as

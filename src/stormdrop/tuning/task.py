@@ -281,7 +281,7 @@ class TaskTuner:
             room = max(min(room, 1), room - self.storm_config.prior_picks)
         task = self.task
         return Reuse(task.db, task.entry, task.target_key, self.storm, budget=min(self.reuse_donors, room),
-                     donors=self.donor_dbs, config=self.storm_config)
+                     donors=self.donor_dbs, config=self.storm_config, vet=Phase.STORM in self.phases)
 
     def _storm(self) -> Storm:
         """The storm; a raindrop without a storm gets its stand-in samples here, where reuse left
