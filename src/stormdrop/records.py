@@ -7,6 +7,7 @@ Failures are data: a ``MeasureResult`` either holds the measured times or a type
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -65,6 +66,13 @@ class MeasureResult:
         if self.run_secs is None or not self.run_secs:
             return math.inf
         return sum(self.run_secs) / len(self.run_secs)
+
+    @property
+    def median(self) -> float:
+        """Median time in seconds (a sample stalled by another process counts as one); +inf for a failure."""
+        if self.run_secs is None or not self.run_secs:
+            return math.inf
+        return statistics.median(self.run_secs)
 
     @classmethod
     def failure(cls, kind: ErrorKind, msg: str = "") -> MeasureResult:

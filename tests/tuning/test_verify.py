@@ -71,6 +71,23 @@ def test_verification_falls_back_re_measures_and_is_never_claimed_unchecked(tmp_
         assert not session.result.verified and session.result.latency_s == pytest.approx(1.1e-3)
 
 
+def test_the_reported_latency_is_the_median_of_the_verifications_samples(tmp_path, traces):
+    """One sample stalled (another process took the core): the report is the kernel's time, not
+    the stall's share of the mean."""
+    from dbutil import TARGET
+
+    from stormdrop.records import MeasureResult
+    from stormdrop.tuning.task import TaskSession
+    from stormdrop.tuning.verify import verify_bests
+
+    with Database(tmp_path / "m.db") as db:
+        _, kernel = _stored(db, traces, [4e-6])
+        stalled = ScriptedGateway([MeasureResult(run_secs=(1e-2, 4e-6, 4.1e-6, 3.9e-6, 4e-6))])
+        session = TaskSession(db, stalled, kernel, TARGET, 0)
+        verify_bests([session])
+        assert session.result.latency_s == pytest.approx(4e-6)
+
+
 def test_a_stored_time_is_not_trusted_over_its_re_measurement(tmp_path, traces):
     """An imported best record that checks out but re-measures more than twice its stored time (a
     fake-fast row) gets the re-measured time stored and the next record is tried: the faster of
