@@ -9,6 +9,8 @@ _ARMS = {"cold_tuned": ("tuned with the caches flushed (--cache-flush", "tuned w
                       False, "unpadded"),
          "unpadded_rows": ("tuned with matrix products at their own row count (--pad-rows ab", "padded rows",
                            "unpadded / padded", False, "unpadded rows"),
+         "direct": ("tuned with every convolution direct (--winograd-ab", "as lowered", "direct / as lowered", False,
+                    "direct"),
          "no_hub": ("tuned without the schedule hub (--hub ab", "with the hub", "no hub / hub", False, "no hub"),
          "no_warm_up": ("tuned with candidates timed straight from idle (--warm-up ab", "warmed up",
                         "no warm-up / warm-up", False, "no warm-up"),

@@ -51,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="stormdrop's convolution layout (MetaSchedule tunes the same fused module)")
     p.add_argument("--winograd", default="auto", choices=["auto", "off", "2", "4"],
                    help="stormdrop's 3x3 convolutions as Winograd (MetaSchedule tunes the same fused module)")
+    p.add_argument("--winograd-ab", action="store_true",
+                   help="also tune with every convolution direct (Lowering winograd='off'), timed in turns")
     p.add_argument("--in-model-candidates", type=int, default=1,
                    help="stormdrop's in-model choice among each task's K best records (1: off, the default)")
     p.add_argument("--pad-attention", default="on", choices=["on", "off", "ab"],
@@ -206,6 +208,8 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             arms.append(("unpadded", {"lowering": dataclasses.replace(lowering, pad_attention=False)}))
         if args.pad_rows == "ab":  # the same tuning, matrix products at their own row count
             arms.append(("unpadded_rows", {"lowering": dataclasses.replace(lowering, pad_rows=False)}))
+        if args.winograd_ab:  # the same tuning, every convolution direct
+            arms.append(("direct", {"lowering": dataclasses.replace(lowering, winograd="off")}))
         if args.hub == "ab":  # the same tuning without the schedule hub
             arms.append(("no_hub", {"hub": False}))
         if args.warm_up == "ab":  # the same tuning, candidates timed straight from idle

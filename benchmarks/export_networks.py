@@ -89,7 +89,8 @@ def _timm_small(name: str):
 for _name in ("ghostnet_100", "mixnet_s", "lcnet_100", "fbnetc_100", "semnasnet_075", "tinynet_a", "rexnet_100",
               "spnasnet_100", "efficientnet_lite0", "hardcorenas_a", "mnasnet_small", "fbnetv3_b", "efficientnet_es",
               "mobilenetv2_110d", "mixnet_m", "regnety_002", "dla34", "ese_vovnet19b_dw", "mobilenetv3_small_100",
-              "mnasnet_050", "lcnet_075", "resnet18d", "ghostnetv2_100"):
+              "mnasnet_050", "lcnet_075", "resnet18d", "ghostnetv2_100", "repvgg_a0", "resnet26d", "resnet34d",
+              "resnet10t"):
     network(_name, "small")(lambda _name=_name: _timm_small(_name))
 
 

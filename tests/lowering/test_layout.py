@@ -100,12 +100,16 @@ def test_winograd_convolutions_match_onnxruntime_without_per_call_weight_transfo
     assert any("conv2d" in t and "winograd" not in t for t in tasks)  # the 7x7, strided and 1x1 stay direct
 
 
-def test_winograd_needs_trials_a_small_cap_keeps_convolutions_direct():
+def test_winograd_needs_trials_a_small_cap_or_a_short_time_budget_keeps_convolutions_direct():
     from stormdrop.lowering.pipeline import Lowering
+    from stormdrop.lowering.winograd import MIN_TRIALS_PER_TASK, TRIAL_S
 
     auto = Lowering()
     assert auto.for_budget(128, 11).winograd == "off"  # 11 trials a task
-    assert auto.for_budget(64 * 11, 11) is auto and auto.for_budget(None, 11) is auto  # enough, or a time budget
+    assert auto.for_budget(64 * 11, 11) is auto and auto.for_budget(None, 11) is auto  # enough, or no budget
+    enough_s = 11 * MIN_TRIALS_PER_TASK * TRIAL_S  # a time budget counted at TRIAL_S a trial
+    assert auto.for_budget(None, 11, 60.0).winograd == "off" and auto.for_budget(None, 11, enough_s) is auto
+    assert auto.for_budget(64 * 11, 11, 60.0).winograd == "off"  # the smaller of the two budgets
     assert Lowering(winograd="4").for_budget(128, 11).winograd == "4"  # said, not auto
     assert auto.as_tuned({"winograd": "off"}).winograd == "off" and auto.as_tuned({}) is auto
     assert Lowering(winograd="2").as_tuned({"winograd": "off"}).winograd == "2"

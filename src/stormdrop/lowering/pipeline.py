@@ -17,7 +17,7 @@ from stormdrop.errors import SpecError
 from stormdrop.lowering import attention, fastmath, padded_rows, reductions
 from stormdrop.lowering.layout import LAYOUTS, convert_layout
 from stormdrop.lowering.layout import legalizations as layout_legalizations
-from stormdrop.lowering.winograd import MIN_TRIALS_PER_TASK
+from stormdrop.lowering.winograd import MIN_TRIALS_PER_TASK, TRIAL_S
 from stormdrop.lowering.winograd import MODES as WINOGRAD_MODES
 from stormdrop.lowering.winograd import legalization as winograd_legalization
 from stormdrop.tvm_compat.intrinsics import load_tensor_intrinsics
@@ -57,10 +57,14 @@ class Lowering:
         if self.winograd not in WINOGRAD_MODES:
             raise SpecError(f"--winograd: expected one of {', '.join(WINOGRAD_MODES)}, got {self.winograd!r}")
 
-    def for_budget(self, trials: int | None, num_tasks: int) -> Lowering:
-        """This lowering for a model tuned under a global trial cap: ``winograd="auto"`` keeps every
-        convolution direct when the cap gives its tasks fewer than ``winograd.MIN_TRIALS_PER_TASK``
-        trials each (a Winograd kernel tuned that little loses to the direct one)."""
+    def for_budget(self, trials: int | None, num_tasks: int, time_budget: float | None = None) -> Lowering:
+        """This lowering for a model tuned under a global trial cap or a time budget: ``winograd="auto"``
+        keeps every convolution direct when the budget gives its tasks fewer than
+        ``winograd.MIN_TRIALS_PER_TASK`` trials each (a Winograd kernel tuned that little loses to the
+        direct one), a time budget taken at ``winograd.TRIAL_S`` a trial."""
+        if time_budget:
+            by_time = int(time_budget / TRIAL_S)
+            trials = by_time if trials is None else min(trials, by_time)
         if self.winograd != "auto" or trials is None or num_tasks <= 0 or trials >= num_tasks * MIN_TRIALS_PER_TASK:
             return self
         return dataclasses.replace(self, winograd="off")

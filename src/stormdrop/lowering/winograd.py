@@ -20,8 +20,8 @@ model): m = 4 from 28x28 outputs, m = 2 from 14x14, direct below and under 16 ch
 Small convolutions stay direct too (under ``MIN_FLOPS`` as direct convolutions): the
 transforms cost per tile and channel, and only enough GEMM work hides them. A Winograd
 kernel also needs trials (four stages to schedule): a model tuned under a trial cap of
-fewer than ``MIN_TRIALS_PER_TASK`` a task keeps every convolution direct
-(``Lowering.for_budget``). The measurements behind each threshold are in RESULTS.md (the
+fewer than ``MIN_TRIALS_PER_TASK`` a task, or a time budget of fewer at ``TRIAL_S`` a trial,
+keeps every convolution direct (``Lowering.for_budget``). The measurements behind each threshold are in RESULTS.md (the
 "Winograd" sections and the Winograd model runs, with their commands); ResNets and the
 small shapes that set them are not held out.
 """
@@ -107,6 +107,7 @@ def conv2d_nhwc(data: te.Tensor, kernel_pack: te.Tensor, padding: Any, m: int, o
 
 MIN_FLOPS = 24e6  # a direct convolution's FLOPs under which Winograd's transforms cost more than they save
 MIN_TRIALS_PER_TASK = 64  # fewer (a model's trial cap over its tasks): no Winograd, see the module docstring
+TRIAL_S = 0.5  # a time budget's trials, for the rule above: a CPU host's build and run of a candidate, about
 
 
 def choose_tile(mode: str, out_hw: tuple[int, int], ci: int, co: int) -> int | None:

@@ -139,17 +139,18 @@ def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = 
     display = None
     try:
         with run_databases(db, search.reuse_from, tgt, search.hub_source) as (database, donor_dbs):
-            budgeted = lowering.for_budget(trials, len(tasks))
+            budgeted = lowering.for_budget(trials, len(tasks), opts.time_budget)
+            budget_words = f"{trials} trials" if trials is not None else f"a {opts.time_budget or 0:.0f}-s budget"
             winograd = [k for k, _ in tasks if "winograd" in k.name]
             if budgeted != lowering and winograd:
                 if search.reuse > 0 and Phase.REUSE in search.phases and all(
                         tuned_in(k.mod, canonical(tgt), donor_dbs) for k in winograd):
                     budgeted = lowering
-                    log.info("%s: %d trials for %d tasks: Winograd kept, every Winograd kernel has tuned schedules "
-                             "among the donors (the schedule hub)", model.name, trials, len(tasks))
+                    log.info("%s: %s for %d tasks: Winograd kept, every Winograd kernel has tuned schedules "
+                             "among the donors (the schedule hub)", model.name, budget_words, len(tasks))
                 else:
-                    log.info("%s: %d trials for %d tasks: every convolution direct (Winograd kernels need more "
-                             "trials)", model.name, trials, len(tasks))
+                    log.info("%s: %s for %d tasks: every convolution direct (Winograd kernels need more "
+                             "trials)", model.name, budget_words, len(tasks))
                     fused, tasks = extract_tasks(model, tgt, budgeted)
             lowering = budgeted
             with Gateway(tgt, measure) as gateway:
