@@ -87,7 +87,7 @@ class StormConfig:
     # picks among prior_pool random samples a transfer, and a pick takes the place of a transfer
     # that scores below k x the pick's score. Transfers from sibling tasks tuned as briefly can
     # pass on a flaw (a tile refitted to 1 loses the vector loop, the next sibling inherits it).
-    # Not the default: faster on the development networks, 3 of 8 held out (docs/guide.md "Reuse").
+    # Not the default: no better on held out networks where it was measured (docs/guide.md "Reuse").
     transfer_vetting: float = 0.0
 
 

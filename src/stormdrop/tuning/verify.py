@@ -82,8 +82,8 @@ def _settle(task: TaskSession, rec: Record, check: MeasureResult, rank: int) -> 
     """The task's result from a verified record (True), or the record's failure noted (False)."""
     if check.ok:
         config = getattr(task.measurer, "config", None)
-        # the median of the samples: one stalled while a fresh gateway's workers start up reported
-        # a 4-us kernel at 2 ms as the mean
+        # the median of the samples: one sample stalled (a fresh gateway's workers starting up)
+        # can make a small kernel's mean many times its time
         task.result.latency_s = check.median
         task.result.verified = config is None or config.check_correctness
         task.result.trace_json = rec.trace_json
