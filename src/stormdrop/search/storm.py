@@ -216,10 +216,14 @@ class Storm:
                 # evolution's own initial population does. A prior ranks a larger random pool.
                 # One thread: the same seed draws the same first batch (sampling 128 is cheap).
                 pool = cfg.batch_size * (max(1, cfg.prior_pool) if self._prior else 1)
-                self._cold_ctx = make_context(mod, target, seed=seed, strategy=ms.search_strategy.ReplayTrace(),
-                                              threads=1)
-                self._cold_ctx.pre_tuning(max_trials=max(trials, pool), num_trials_per_iter=pool,
-                                          design_spaces=spaces, database=self.database, cost_model=None)
+                self._cold_ctx = self._sampler(pool, max(trials, pool), self.database)
+
+    def _sampler(self, per_draw: int, max_trials: int, database: object) -> ms.TuneContext:
+        """A one-thread context that draws ``per_draw`` random samples of the design spaces a call."""
+        ctx = make_context(self.mod, self.target, seed=self.seed, strategy=ms.search_strategy.ReplayTrace(), threads=1)
+        ctx.pre_tuning(max_trials=max_trials, num_trials_per_iter=per_draw, design_spaces=self.design_spaces(),
+                       database=database, cost_model=None)
+        return ctx
 
     def design_spaces(self) -> list:
         """The workload's sketches (MetaSchedule's design spaces, random decisions), made once."""
@@ -356,10 +360,8 @@ class Storm:
         against. A pick measured in reuse's batch is the storm's own, learnt there (``absorb``)."""
         if not self._prior or n <= 0:
             return []
-        ctx = make_context(self.mod, self.target, seed=self.seed, strategy=ms.search_strategy.ReplayTrace(), threads=1)
         size = max(1, self.config.prior_pool) * n
-        ctx.pre_tuning(max_trials=size, num_trials_per_iter=size, design_spaces=self.design_spaces(),
-                       database=ms.database.MemoryDatabase(), cost_model=None)
+        ctx = self._sampler(size, size, ms.database.MemoryDatabase())
         try:
             pool = self._ranked(list(ctx.generate_measure_candidates() or []))
         finally:
