@@ -5,12 +5,13 @@ synthetic answers or from a recorded database, on a simulated clock."""
 from __future__ import annotations
 
 import inspect
+import math
 
 import pytest
 
 from stormdrop.measure.measurer import Measurer
 from stormdrop.measure.replay import ReplayMeasurer, SimClock, recorded, synthetic
-from stormdrop.records import Phase
+from stormdrop.records import ErrorKind, MeasureResult, Phase
 from stormdrop.search.options import SearchOptions
 from stormdrop.storage.database import Database
 from stormdrop.target import canonical, host_target
@@ -173,3 +174,28 @@ def test_first_rounds_of_a_candidate_share_the_builders(tmp_path, builders):
     search = batches[:-1]  # the last batch verifies every task's best
     assert search == ([2, 2] if builders == 2 else [1, 1, 1, 1]), batches
     assert all(s.result.verified for s in sessions)
+
+
+def test_a_task_whose_one_first_candidate_failed_gets_new_storm_samples(tmp_path):
+    """Under a cap of under four trials a task, first rounds are one candidate each
+    (``budget.first_batch_size``). Where it fails, the scheduler gives the task a second round
+    and its tuner new storm samples out of the raindrop's share, so that the task still gets a
+    schedule (without: a naive loop nest in the model)."""
+    good, seen = synthetic(seed=7), set()
+
+    def answer(key, mod):
+        if key not in seen:  # every task's first candidate fails
+            seen.add(key)
+            return MeasureResult.failure(ErrorKind.RUN_ERROR, "the first candidate fails")
+        return good(key, mod)
+
+    target = host_target()
+    with Database(tmp_path / "d.db") as db:
+        sessions = [TaskSession(db, ReplayMeasurer(answer), parse_kernel(s), target, seed=0) for s in SPECS]
+        tuners = [TaskTuner(s, trials=1, exploit_trials=7, search=SearchOptions(reuse=0), first_batch=1)
+                  for s in sessions]
+        assert drive(tuners, sessions, [1, 1], Budget(trials=4), seed=0) == "the trial budget"
+        for s in sessions:
+            tally = s.tally()
+            assert tally["failed"] == 1 and tally["storm"] == 2, tally
+            assert math.isfinite(s.best) and s.result.verified

@@ -102,8 +102,11 @@ def measurer_candidate_s(measurer: object) -> float:
 
 def first_batch_size(trials: int | None, num_tasks: int, batch: int) -> int | None:
     """A smaller first batch per task when the budget cannot give every task a full one: half
-    of each task's share of ``trials`` (at least 2, in case one fails), the other half left for
-    its raindrop (``storm_share``).
+    of each task's share of ``trials`` (at least one), the other half left for its raindrop
+    (``storm_share``) and for the tasks the gradient scheduler finds costliest: a cap of under
+    four trials a task spent in equal first rounds gives the task that takes a fifth of the
+    model's time no more than the smallest. A task whose one candidate failed gets a second
+    round (``GradientScheduler``, ``TaskTuner``).
 
     A task left without any schedule runs as a naive loop nest, often slower than the
     rest of the model together (a model with more tasks than ``trials / batch`` would leave
@@ -111,7 +114,7 @@ def first_batch_size(trials: int | None, num_tasks: int, batch: int) -> int | No
     """
     if trials is None or num_tasks <= 0 or trials >= num_tasks * batch:
         return None
-    return max(2, trials // (2 * num_tasks))
+    return max(1, trials // (2 * num_tasks))
 
 
 def storm_share(trials: int | None, num_tasks: int, trials_per_task: int, first_batch: int | None) -> int:

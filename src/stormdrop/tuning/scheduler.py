@@ -8,8 +8,9 @@ round-robin pass, the task with the most negative estimated gradient
     forward_i  = min(g_i - g_i / t_i, beta * flops_i / best_similar_throughput) - g_i
 
 gets the next batch (t_i: rounds given to task i; similar tasks share the op
-class and log_1.618 of their FLOPs). Tasks that are finished or have no valid
-schedule yet after their warm-up (dead) are skipped. The scheduler proposes a
+class and log_1.618 of their FLOPs). A task whose warm-up round found no valid
+schedule gets one more round; tasks that are finished or still have none after
+it (dead) are skipped. The scheduler proposes a
 task index and is told the task's best latency after each round.
 """
 
@@ -60,6 +61,9 @@ class GradientScheduler:
             return None
         for i in live:  # warm-up: one round each
             if self.tasks[i].rounds == 0:
+                return i
+        for i in live:  # a second round for a task whose first found no valid schedule
+            if self.tasks[i].rounds == 1 and not math.isfinite(self.tasks[i].best):
                 return i
         alive = [i for i in live if math.isfinite(self.tasks[i].best)]
         if not alive:  # nothing valid anywhere yet: keep going round robin

@@ -195,6 +195,7 @@ class TaskTuner:
         self.done = False
         self.rounds = 0  # batches measured by reuse, storm and raindrop
         self.extensions = 0  # more budget after it was done (extend)
+        self.second_chance = True  # new storm samples once if nothing valid was found (``_raindrop``)
 
     @property
     def phase(self) -> Phase:
@@ -299,6 +300,18 @@ class TaskTuner:
 
     def _raindrop(self) -> Raindrop | None:
         self.drop = self._start_raindrop()
+        if self.drop is None and self.second_chance and self.first_batch and Phase.STORM in self.phases \
+                and self.exploit_trials > 0 \
+                and not self.task.db.best(self.task.entry.workload_id, self.task.target_key, k=1):
+            # every candidate of a shrunk first round failed: new storm samples once, out of
+            # the raindrop's share (a task with no schedule runs as a naive loop nest)
+            self.second_chance = False
+            trials = self.first_batch
+            self.exploit_trials -= trials
+            log.info("%s: no valid schedule yet: %d more storm samples", self.task.kernel.name, trials)
+            self.storm.close()
+            self.storm = self._start_storm(trials)
+            self.next = [lambda: self.storm, self._raindrop]
         return self.drop
 
     def _start_storm(self, trials: int | None = None) -> Storm:
