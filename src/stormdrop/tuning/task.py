@@ -285,15 +285,16 @@ class TaskTuner:
                      donors=self.donor_dbs, config=self.storm_config, vet=Phase.STORM in self.phases)
 
     def _storm(self) -> Storm:
-        """The storm; a raindrop without a storm gets its stand-in samples here, where reuse left
-        it nothing to start from (and after an extension)."""
+        """The storm; stand-in samples are drawn here where nothing valid is stored to start the
+        raindrop from (a raindrop without a storm that reuse left nothing, a shrunk first round
+        whose candidates all failed: ``_raindrop``) and after an extension."""
         if self.storm is None:
             self.storm = self._start_storm()
         if self.stand_in:
             trials, self.stand_in = self.stand_in, 0
             if self.extensions or not self.task.db.best(self.task.entry.workload_id, self.task.target_key, k=1):
                 log.info("%s: %s: %d storm samples", self.task.kernel.name,
-                         "extended" if self.extensions else "no transfer to start the raindrop from", trials)
+                         "extended" if self.extensions else "no valid schedule to start the raindrop from", trials)
                 self.storm.close()
                 self.storm = self._start_storm(trials)
         return self.storm
@@ -303,15 +304,12 @@ class TaskTuner:
         if self.drop is None and self.second_chance and self.first_batch and Phase.STORM in self.phases \
                 and self.exploit_trials > 0 \
                 and not self.task.db.best(self.task.entry.workload_id, self.task.target_key, k=1):
-            # every candidate of a shrunk first round failed: new storm samples once, out of
-            # the raindrop's share (a task with no schedule runs as a naive loop nest)
+            # every candidate of a shrunk first round failed: new storm samples once (``_storm``'s
+            # stand-in), out of the raindrop's share (a task with no schedule runs as a naive loop nest)
             self.second_chance = False
-            trials = self.first_batch
-            self.exploit_trials -= trials
-            log.info("%s: no valid schedule yet: %d more storm samples", self.task.kernel.name, trials)
-            self.storm.close()
-            self.storm = self._start_storm(trials)
-            self.next = [lambda: self.storm, self._raindrop]
+            self.stand_in = self.first_batch
+            self.exploit_trials -= self.first_batch
+            self.next = [self._storm, self._raindrop]
         return self.drop
 
     def _start_storm(self, trials: int | None = None) -> Storm:
