@@ -27,7 +27,11 @@ from stormdrop.records import MeasureResult, Phase
 from stormdrop.search import prior
 from stormdrop.search.space import Candidate
 from stormdrop.target import physical_cores
-from stormdrop.tvm_compat.intrinsics import load_tensor_intrinsics, register_default_pool_rules
+from stormdrop.tvm_compat.intrinsics import (
+    load_tensor_intrinsics,
+    register_default_pool_rules,
+    without_needless_rfactor,
+)
 
 log = logging.getLogger("stormdrop")
 
@@ -226,9 +230,13 @@ class Storm:
         return ctx
 
     def design_spaces(self) -> list:
-        """The workload's sketches (MetaSchedule's design spaces, random decisions), made once."""
+        """The workload's sketches (design spaces, random decisions), made once; none on a CPU that
+        rfactors a short reduction of many outputs (a pooling window). Storm and reuse draw from them."""
         if self._spaces is None:
-            self._spaces = list(self.ctx.generate_design_space())
+            spaces = list(self.ctx.generate_design_space())
+            if self.target.kind.name == "llvm":
+                spaces = without_needless_rfactor(spaces, self.mod, int(self.target.attrs.get("num-cores", 0) or physical_cores()))
+            self._spaces = spaces
         return self._spaces
 
     @property

@@ -2,7 +2,7 @@
 edges of TVM 0.27, each in the module of its topic:
 
 - ``intrinsics``: the tensor intrinsics a target needs, imported cheaply; the pooling schedule
-  rules TVM names but does not define.
+  rules TVM names but does not define; CPU sketches without rfactor of a pooling window.
 - ``runtime``: the CPU runtime's thread count, ``export_library`` without its per-item noise;
   notes on PyTorch at TVM-FFI's import and on candidate libraries' leaked memory.
 - ``relax_passes``: the ONNX importer's ``Clip``, ``CombineParallelMatmul`` on inline weights,

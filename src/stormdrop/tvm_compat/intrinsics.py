@@ -14,6 +14,12 @@
   progress display, removes the annotation and goes on with the default rules.
   ``register_default_pool_rules`` registers rules that do exactly that, silently (the
   trace is the same: one ``Unannotate``).
+- ``AddRFactor`` skips a multi-level-tiled block with enough outputs to parallelize, but tries
+  rfactor on every other reduction (``NeedsRFactorOrCrossThreadReduction``: "always try"), a
+  pooling window of 9 included: those sketches split a 3x3 window into a partial-max buffer per
+  output, and the prior's first picks came from them. ``without_needless_rfactor`` drops them on
+  CPUs where every reduction is short and has many outputs (the condition TVM applies to tiled
+  blocks).
 """
 
 from __future__ import annotations
@@ -47,6 +53,38 @@ def register_default_pool_rules() -> None:
         full = f"s_tir.meta_schedule.cpu.meta_schedule.{name}"
         if tvm_ffi.get_global_func(full, allow_missing=True) is None:
             tvm_ffi.register_global_func(full, _unannotate_rule)
+
+
+SHORT_REDUCTION = 64  # elements reduced per output below which rfactor cannot pay (lowering/reductions.py's MIN_EXTENT)
+JOBS_PER_CORE = 16  # AddRFactor's max_jobs_per_core: outputs a core needs for the spatial loops to parallelize
+
+
+def _reductions(mod: Any) -> list[tuple[int, int]]:
+    """(outputs, elements reduced per output) of each reduction block of ``mod``'s ``main``."""
+    sch = Schedule(mod)
+    out = []
+    for rv in sch.get_child_blocks(sch.get_sblock("root")):
+        spatial, reduced = 1, 1
+        for iv in sch.get(rv).iter_vars:
+            extent = int(iv.dom.extent)
+            if int(iv.iter_type) == 0:  # data parallel
+                spatial *= extent
+            else:
+                reduced *= extent
+        if reduced > 1:
+            out.append((spatial, reduced))
+    return out
+
+
+def without_needless_rfactor(spaces: list, mod: Any, cores: int) -> list:
+    """``spaces`` without the sketches that rfactor a reduction, where every reduction of ``mod``
+    is short (under ``SHORT_REDUCTION`` elements an output) and has at least ``JOBS_PER_CORE``
+    outputs a core; ``spaces`` itself otherwise, or when every sketch rfactors."""
+    found = _reductions(mod)
+    if not found or any(r >= SHORT_REDUCTION or s < JOBS_PER_CORE * cores for s, r in found):
+        return spaces
+    kept = [sp for sp in spaces if not any(inst.kind.name == "RFactor" for inst in sp.trace.insts)]
+    return kept or spaces
 
 
 def load_tensor_intrinsics(target: str | Any) -> None:
