@@ -61,3 +61,12 @@ def test_rfactor_stays_where_a_reduction_is_long_or_its_outputs_too_few():
     long = _column_sum(256, 512)  # 512 elements an output
     spaces = _spaces(long)
     assert any(_rfactors(spaces)) and without_needless_rfactor(spaces, long, cores=2) == spaces
+
+
+def test_a_symbolic_extent_leaves_the_sketches_as_they_are():
+    n = te.var("n")
+    a = te.placeholder((n, 4), name="a")
+    k = te.reduce_axis((0, 4), "k")
+    s = te.compute((n,), lambda i: te.sum(a[i, k], axis=k), name="s")
+    spaces = ["a sketch"]
+    assert without_needless_rfactor(spaces, tvm.IRModule({"main": te.create_prim_func([a, s])}), cores=2) is spaces

@@ -80,7 +80,10 @@ def without_needless_rfactor(spaces: list, mod: Any, cores: int) -> list:
     """``spaces`` without the sketches that rfactor a reduction, where every reduction of ``mod``
     is short (under ``SHORT_REDUCTION`` elements an output) and has at least ``JOBS_PER_CORE``
     outputs a core; ``spaces`` itself otherwise, or when every sketch rfactors."""
-    found = _reductions(mod)
+    try:
+        found = _reductions(mod)
+    except Exception:  # a symbolic extent, a function without a root block: the sketches as they are
+        return spaces
     if not found or any(r >= SHORT_REDUCTION or s < JOBS_PER_CORE * cores for s, r in found):
         return spaces
     kept = [sp for sp in spaces if not any(inst.kind.name == "RFactor" for inst in sp.trace.insts)]
