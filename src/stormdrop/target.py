@@ -43,6 +43,12 @@ def physical_cores() -> int:
     return max(1, min(available, len(cores) or available))
 
 
+def num_cores(target: Target) -> int:
+    """The cores a target's kernels run on: an LLVM target's ``num-cores`` (0 where it names none),
+    else this machine's physical cores."""
+    return int(target.attrs.get("num-cores", 0)) if target.kind.name == "llvm" else physical_cores()
+
+
 def host_target(num_cores: int | None = None) -> Target:
     """The host CPU as an LLVM target with its real ``mcpu`` and physical core count."""
     import tvm.target.codegen as cg

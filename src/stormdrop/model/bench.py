@@ -24,7 +24,6 @@ from stormdrop.measure.tracker import RpcConfig
 from stormdrop.model.run import (
     commit_best,
     compile_model,
-    num_cores,
     random_inputs,
     side_by_side,
     task_times,
@@ -33,7 +32,7 @@ from stormdrop.model.runtimes import run_pytorch
 from stormdrop.model.tune import extract_tasks
 from stormdrop.report.history import faster_after, run_estimate
 from stormdrop.storage.database import Database
-from stormdrop.target import canonical, parse_target
+from stormdrop.target import canonical, num_cores, parse_target
 from stormdrop.workloads.models import Model, load_model
 
 log = logging.getLogger("stormdrop")

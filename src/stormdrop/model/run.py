@@ -23,17 +23,12 @@ from tvm.target import Target
 from stormdrop.measure.timing_lock import timing
 from stormdrop.measure.tracker import RpcConfig
 from stormdrop.model.runtimes import onnxruntime_timer, openvino_timer
+from stormdrop.target import num_cores
 from stormdrop.tvm_compat.relax_passes import fold_weight_prepacks
 from stormdrop.tvm_compat.runtime import runtime_threads_env
 from stormdrop.tvm_compat.tir_pipeline import pipeline
 from stormdrop.tvm_compat.trace_json import schedule_from_trace_json
 from stormdrop.workloads.models import Model
-
-
-def num_cores(target: Target) -> int:
-    from stormdrop.target import physical_cores
-
-    return int(target.attrs.get("num-cores", 0)) if target.kind.name == "llvm" else physical_cores()
 
 
 def random_inputs(model: Model, seed: int = 0) -> dict[str, np.ndarray]:

@@ -26,7 +26,7 @@ from tvm.target import Target
 from stormdrop.records import MeasureResult, Phase
 from stormdrop.search import prior
 from stormdrop.search.space import Candidate
-from stormdrop.target import physical_cores
+from stormdrop.target import num_cores, physical_cores
 from stormdrop.tvm_compat.intrinsics import (
     load_tensor_intrinsics,
     register_default_pool_rules,
@@ -235,7 +235,7 @@ class Storm:
         if self._spaces is None:
             spaces = list(self.ctx.generate_design_space())
             if self.target.kind.name == "llvm":
-                spaces = without_needless_rfactor(spaces, self.mod, int(self.target.attrs.get("num-cores", 0) or physical_cores()))
+                spaces = without_needless_rfactor(spaces, self.mod, num_cores(self.target) or physical_cores())
             self._spaces = spaces
         return self._spaces
 
