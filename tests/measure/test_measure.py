@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import tvm
@@ -67,6 +69,38 @@ def test_one_batch_measures_the_candidates_of_several_workloads_each_against_its
     assert gateway.batch_s(3) == pytest.approx(-(-3 // len(gateway._builders)) * build + 3 * run)
     # a model's compile: tvm.build's own time a kernel, less than a builder's (it also loads, checks, links)
     assert 0 < gateway.compile_s(1) < build and gateway.compile_s(3) == pytest.approx(3 * gateway.compile_s(1))
+
+
+def _product():
+    return _variant(lambda A, B, n: te.compute((n, n), lambda i, j: A[i, j] * B[i, j], name="C"))
+
+
+def test_a_models_references_are_compiled_by_the_builders_and_each_still_tells_a_wrong_candidate(kernel):
+    # make_references (a model's set-up): the builders compile the untuned builds side by side, the
+    # runner loads and runs each; the libraries are gone once loaded
+    with Gateway(host_target(), MeasureConfig(repeat=2, min_repeat_ms=1, builders=2)) as gw:
+        gw.prepare(KEY, kernel.mod)
+        gw.prepare("product", _product())
+        gw.make_references()
+        assert sum(w.jobs for w in gw._builders) == 2 and gw._runners[0].references == {KEY, "product"}
+        assert not [f for f in os.listdir(gw._workdir) if f.startswith("reference")]
+        right = gw.measure([KEY, "product"], [kernel.mod, _product()])
+        swapped = gw.measure(["product", KEY], [kernel.mod, _product()])
+    assert [r.ok for r in right] == [True, True]
+    assert [r.error for r in swapped] == [ErrorKind.WRONG_RESULT, ErrorKind.WRONG_RESULT]
+
+
+def test_a_reference_library_the_runner_cannot_load_is_compiled_by_the_runner_instead(kernel, monkeypatch):
+    with Gateway(host_target(), MeasureConfig(repeat=2, min_repeat_ms=1)) as gw:
+        gw.prepare(KEY, kernel.mod)
+        gw.prepare("product", _product())
+        monkeypatch.setattr(gw, "_on_builders", lambda jobs, request, done: [
+            done(job, "ok", "/nonexistent/reference.so", gw._builders[0]) for job in range(jobs)])
+        gw.make_references()
+        monkeypatch.undo()
+        assert gw._runners[0].references == {KEY, "product"}
+        right = gw.measure([KEY, "product"], [kernel.mod, _product()])
+    assert [r.ok for r in right] == [True, True]
 
 
 def test_a_wrong_result_is_a_typed_failure(gateway):

@@ -4,7 +4,8 @@ A worker imports TVM once and then serves requests over a pipe until told to
 stop, so no per-batch process start or re-import is paid (MetaSchedule's
 ``LocalBuilder`` pays both on every ``build()`` call). Requests are tuples
 ``(command, payload)``; replies are ``("ok", value)`` or ``("error", message)``.
-Builder workers answer ``build``; runner workers answer ``reference`` and ``run``.
+Builder workers answer ``build`` and ``reference_build``; runner workers answer ``reference``
+and ``run``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def serve(conn: Any, role: str, target_json: str, rpc: RpcConfig | None) -> None
             if command == "build":
                 t0 = time.perf_counter()
                 value = {**_build(target, *payload), "build_s": time.perf_counter() - t0}  # this build's own time
+            elif command == "reference_build":
+                value = _build_reference(target, *payload)
             elif command == "reference" and state is not None:
                 value = state.reference(*payload)
             elif command == "run" and state is not None:
@@ -73,6 +76,18 @@ def reference_target(target: Any) -> Any:
     if target.kind.name != "llvm":
         return target
     return tvm.target.Target({**dict(target.export()), "opt-level": 1})
+
+
+def _build_reference(target: Any, mod_json: str, out_path: str) -> str:
+    """A CPU workload's untuned build (``reference_target``) as a library at ``out_path``, which
+    the runner loads and runs (``_RunnerState.reference``): builders compile references side by side."""
+    import tvm
+
+    from stormdrop.tvm_compat.cross import fcompile
+
+    tvm.build(tvm.ir.load_json(mod_json), target=reference_target(target)).export_library(
+        out_path, fcompile=fcompile(target))
+    return out_path
 
 
 def _build(target: Any, mod_json: str, out_path: str) -> dict:
@@ -231,15 +246,16 @@ class _RunnerState:
             self._reconnect(f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[-1]}")
             return request(*args)
 
-    def reference(self, key: str, mod_json: str, seed: int) -> list[list[Any]]:
-        return self._on_device(self._reference, key, mod_json, seed)
+    def reference(self, key: str, mod_json: str, seed: int, lib: str | None = None) -> list[list[Any]]:
+        return self._on_device(self._reference, key, mod_json, seed, lib)
 
     def run(self, key: str, built: dict, number: int, repeat: int, min_repeat_ms: float,
             cache_flush: bool, check: bool, warmup_ms: float) -> dict:
         return self._on_device(self._run, key, built, number, repeat, min_repeat_ms, cache_flush, check, warmup_ms)
 
-    def _reference(self, key: str, mod_json: str, seed: int) -> list[list[Any]]:
-        """Random inputs for ``key`` and the outputs of its untuned (or reference) build."""
+    def _reference(self, key: str, mod_json: str, seed: int, lib: str | None) -> list[list[Any]]:
+        """Random inputs for ``key`` and the outputs of its untuned (or reference) build: the
+        library ``lib`` when a builder compiled it (``_build_reference``), else built here."""
         import numpy as np
         import tvm
         from tvm.s_tir.meta_schedule.arg_info import ArgInfo
@@ -255,20 +271,7 @@ class _RunnerState:
             else:
                 arr = rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
             arrays.append(arr)
-        if self.target.kind.name == "cuda":
-            from stormdrop.tvm_compat.relax_passes import gpu_default_schedule
-
-            mod = gpu_default_schedule(mod, self.target)
-        rt_mod = tvm.build(mod, target=reference_target(self.target))
-        if self.session is not None:  # the reference runs where the candidates run
-            import tempfile
-
-            from stormdrop.tvm_compat.cross import fcompile
-
-            with tempfile.TemporaryDirectory(prefix="stormdrop-ref-") as tmp:
-                path = os.path.join(tmp, f"reference_{abs(hash(key))}.so")
-                rt_mod.export_library(path, fcompile=fcompile(self.target))
-                rt_mod = self._load(path)
+        rt_mod = self._load(lib) if lib is not None else self._built_reference(key, mod)
         args = [tvm.runtime.tensor(a, self.dev) for a in arrays]
         rt_mod["main"](*args)
         self.dev.sync()
@@ -279,6 +282,26 @@ class _RunnerState:
         self.inputs[key] = arrays
         self.expected[key] = results
         return [[len(arrays)], self.outputs[key]]
+
+    def _built_reference(self, key: str, mod: Any) -> Any:
+        """``mod``'s untuned build, compiled here, loaded where the candidates run."""
+        import tvm
+
+        if self.target.kind.name == "cuda":
+            from stormdrop.tvm_compat.relax_passes import gpu_default_schedule
+
+            mod = gpu_default_schedule(mod, self.target)
+        rt_mod = tvm.build(mod, target=reference_target(self.target))
+        if self.session is None:
+            return rt_mod
+        import tempfile
+
+        from stormdrop.tvm_compat.cross import fcompile
+
+        with tempfile.TemporaryDirectory(prefix="stormdrop-ref-") as tmp:
+            path = os.path.join(tmp, f"reference_{abs(hash(key))}.so")
+            rt_mod.export_library(path, fcompile=fcompile(self.target))
+            return self._load(path)
 
     def _load(self, artifact: str) -> Any:
         import tvm
@@ -374,7 +397,3 @@ def main(argv: list[str]) -> None:
     fd, role, target_json, rpc_json, parent = int(argv[0]), argv[1], argv[2], argv[3], int(argv[4])
     _die_with(parent)
     serve(Connection(fd), role, target_json, RpcConfig.from_json(rpc_json))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -108,9 +108,45 @@ class Gateway:
             w.start()  # start importing TVM in the background right away
 
     def prepare(self, key: str, workload: tvm.IRModule, seed: int = 0) -> None:
-        """Make inputs and reference outputs for a workload (once per key)."""
+        """Take a workload (once per key): its inputs and reference outputs are made before its
+        first candidate is timed, or by ``make_references``."""
         self._workloads.setdefault(key, (tvm.ir.save_json(workload), seed))
-        self._runners[0].ensure_reference(key, self._workloads[key], self.config.device_timeout_s)
+
+    def make_references(self, keys: Sequence[str] | None = None) -> None:
+        """Inputs and reference outputs of these prepared workloads (default: every one) on the
+        first runner, where it holds none yet. On a CPU the builders compile the untuned builds
+        side by side and the runner loads and runs each (compiling them one after another in the
+        runner was most of a many-task model's set-up); one that fails there is compiled by the
+        runner itself, which then says why it cannot (``MeasureError``)."""
+        runner, timeout = self._runners[0], self.config.device_timeout_s
+        todo = [k for k in dict.fromkeys(self._workloads if keys is None else keys) if not runner.holds(k)]
+        libs: dict[str, str] = {}
+        if self.target.kind.name == "llvm" and len(todo) > 1:
+            def request(job: int) -> tuple[str, tuple]:
+                self._counter += 1
+                return "reference_build", (self._workloads[todo[job]][0],
+                                           os.path.join(self._workdir, f"reference{self._counter}.so"))
+
+            def done(job: int, status: str, value: Any, worker: Worker) -> None:
+                worker.jobs += 1  # (its first job paid the process's warm-up)
+                if status == "ok":
+                    libs[todo[job]] = value
+
+            self._on_builders(len(todo), request, done)
+        for key in todo:
+            lib = libs.get(key)
+            try:
+                runner.ensure_reference(key, self._workloads[key], timeout, lib)
+            except DeviceGone:
+                raise
+            except MeasureError:
+                if lib is None:
+                    raise
+                runner.ensure_reference(key, self._workloads[key], timeout)
+            finally:
+                if lib is not None:
+                    with contextlib.suppress(OSError):
+                        os.remove(lib)
 
     def measure(self, key: str | Sequence[str], mods: list[tvm.IRModule],
                 on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:
@@ -123,6 +159,7 @@ class Gateway:
         """
         keys = [key] * len(mods) if isinstance(key, str) else list(key)
         self._join_free_devices()  # before the builds: a new runner starts up meanwhile
+        self.make_references(keys)
         built = self._build_all(mods, on_result)
         t1 = time.monotonic()
         results: list[MeasureResult | None] = [b if isinstance(b, MeasureResult) else None for b in built]
@@ -187,7 +224,32 @@ class Gateway:
                    on_failure: Callable[[int, MeasureResult], None] | None = None) -> list[dict | MeasureResult]:
         """Every module built (a library's paths) or its failure, told to ``on_failure`` as it ends."""
         out: list[dict | MeasureResult] = [MeasureResult.failure(ErrorKind.BUILD_ERROR, "not built")] * len(mods)
-        pending = list(range(len(mods)))
+
+        def request(job: int) -> tuple[str, tuple]:
+            self._counter += 1
+            return "build", (tvm.ir.save_json(mods[job]), os.path.join(self._workdir, f"cand{self._counter}.so"))
+
+        def done(job: int, status: str, value: Any, worker: Worker) -> None:
+            if status == "ok":
+                out[job] = value
+                self.costs.built(float(value.get("build_s", 0.0)), float(value.get("codegen_s", 0.0)),
+                                 first=not worker.jobs)
+                worker.jobs += 1
+                return
+            kinds = {"crash": ErrorKind.BUILDER_CRASH, "timeout": ErrorKind.BUILD_TIMEOUT}
+            out[job] = MeasureResult.failure(kinds.get(status, ErrorKind.BUILD_ERROR), str(value))
+            if on_failure is not None:
+                on_failure(job, out[job])
+
+        self._on_builders(len(mods), request, done)
+        return out
+
+    def _on_builders(self, jobs: int, request: Callable[[int], tuple[str, tuple]],
+                     done: Callable[[int, str, Any, Worker], None]) -> None:
+        """Jobs ``0 .. jobs - 1`` side by side on the builders: each free builder is sent the next
+        job's ``request(job)`` (a command and its payload), and ``done(job, status, value, worker)``
+        hears each answer as it comes (status "timeout", the builder killed, past the build timeout)."""
+        pending = list(range(jobs))
         busy: dict[int, tuple[Worker, int]] = {}  # id(conn) -> (worker, job)
         idle = list(self._builders)
         timeout = self.config.build_timeout_s
@@ -196,34 +258,21 @@ class Gateway:
             while pending and idle:
                 job = pending.pop(0)
                 worker = idle.pop()
-                self._counter += 1
-                path = os.path.join(self._workdir, f"cand{self._counter}.so")
-                worker.send("build", (tvm.ir.save_json(mods[job]), path))
+                worker.send(*request(job))
                 busy[id(worker.conn)] = (worker, job)
-            conns = [w.conn for w, _ in busy.values()]
-            ready = wait(conns, timeout=0.5)
+            ready = wait([w.conn for w, _ in busy.values()], timeout=0.5)
             now = time.monotonic()
             for conn in ready:
                 worker, job = busy.pop(id(conn))
                 status, value = worker.receive()
-                out[job] = value if status == "ok" else MeasureResult.failure(
-                    ErrorKind.BUILDER_CRASH if status == "crash" else ErrorKind.BUILD_ERROR, str(value))
-                if status == "ok":
-                    self.costs.built(float(value.get("build_s", 0.0)), float(value.get("codegen_s", 0.0)),
-                                     first=not worker.jobs)
-                    worker.jobs += 1
                 idle.append(worker)
-                if status != "ok" and on_failure is not None:
-                    on_failure(job, out[job])
+                done(job, status, value, worker)
             for cid, (worker, job) in list(busy.items()):
                 if now - worker.started_at > timeout:
                     worker.kill()
                     busy.pop(cid)
-                    out[job] = MeasureResult.failure(ErrorKind.BUILD_TIMEOUT, f"build exceeded {timeout:.0f} s")
                     idle.append(worker)
-                    if on_failure is not None:
-                        on_failure(job, out[job])
-        return out
+                    done(job, "timeout", f"build exceeded {timeout:.0f} s", worker)
 
     def _run_payload(self, key: str, built: dict) -> tuple:
         cfg = self.config

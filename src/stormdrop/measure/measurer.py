@@ -5,7 +5,8 @@ driver and the budget can be exercised in milliseconds.
 
 Contracts:
 - ``prepare(key, workload, seed)``: called once per workload before its candidates are measured
-  (the gateway builds the reference outputs a candidate is checked against).
+  (the gateway makes the reference outputs a candidate is checked against before the workload's
+  first candidate is timed; ``Gateway.make_references`` makes many side by side).
 - ``measure(key, mods, on_result)``: one ``MeasureResult`` per module, in order; ``key`` is the
   workload's key, or one key per module. ``on_result(i, result)`` hears each result as soon as it
   is known, so a caller commits it at once. A failure is a typed result, never an exception.

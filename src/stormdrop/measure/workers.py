@@ -132,14 +132,21 @@ class Runner:
         self.generation = 0
         self.joined = joined  # a device that joined mid-run: one that fails its set-up is left out
 
-    def ensure_reference(self, key: str, workload: tuple[str, int], run_timeout_s: float) -> None:
+    def holds(self, key: str) -> bool:
+        """Whether the runner process has ``key``'s inputs and reference outputs (a restarted one has none)."""
         self.worker.ensure()
         if self.worker.generation != self.generation:  # restarted: references are gone
             self.references.clear()
             self.generation = self.worker.generation
-        if key in self.references:
+        return key in self.references
+
+    def ensure_reference(self, key: str, workload: tuple[str, int], run_timeout_s: float,
+                         lib: str | None = None) -> None:
+        """``key``'s inputs and reference outputs made, unless held: its untuned build ``lib``
+        loaded and run (a builder compiled it), or without one compiled by the runner itself."""
+        if self.holds(key):
             return
-        status, value = self.worker.call("reference", (key, *workload), timeout=max(600.0, run_timeout_s))
+        status, value = self.worker.call("reference", (key, *workload, lib), timeout=max(600.0, run_timeout_s))
         if status == "lost" or (status != "ok" and self.joined and self.generation == 1 and not self.references):
             raise DeviceGone(one_line(value))  # (a joined device taken by another meanwhile, say)
         if status != "ok":

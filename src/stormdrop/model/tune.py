@@ -156,6 +156,7 @@ def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = 
             with Gateway(tgt, measure) as gateway:
                 stages = {"tasks": time.monotonic() - start}
                 sessions = [TaskSession(database, gateway, k, tgt, seed) for k, _ in tasks]
+                gateway.make_references()  # every task's, side by side
                 stages["set_up"] = time.monotonic() - start - stages["tasks"]
                 note = {"target": canonical(tgt), "started_at": started_at, "winograd": lowering.winograd,
                         "tasks": [{"workload_id": s.entry.workload_id, "name": k.name, "weight": w}
