@@ -65,6 +65,24 @@ def checkpoint(row: list[str], json_path: str | None, target: str, field: str, r
     save_json(json_path, target, field, raw)
 
 
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table's lines."""
+    return ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def each_row(specs: str, bench: Callable[[str], dict], row: Callable[[dict], list[str]], json_path: str | None,
+             target: str, field: str) -> tuple[list[dict], list[list[str]]]:
+    """``bench(spec)`` for each of the comma-separated ``specs``, each result's table row printed and
+    the JSON rewritten as it comes (``checkpoint``): the raw results and their rows."""
+    raw, rows = [], []
+    for spec in [m.strip() for m in specs.split(",") if m.strip()]:
+        print(f"[{spec}]", flush=True)
+        raw.append(bench(spec))
+        rows.append(row(raw[-1]))
+        checkpoint(rows[-1], json_path, target, field, raw)
+    return raw, rows
+
+
 def machine() -> str:
     """CPU model name (lscpu, else platform.processor()) and core counts."""
     model = ""

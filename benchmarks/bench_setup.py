@@ -57,7 +57,7 @@ def bench_one(spec: str, rounds: int, target) -> dict:
         for arm in ARMS:
             secs[arm].append(references_s(tasks, target, arm))
             print(f"  {name}: {arm} {secs[arm][-1]:.1f} s", flush=True)
-    return {"model": os.path.basename(name), "input": res or "model's", "tasks": len(tasks), "seconds": secs}
+    return {"model": os.path.splitext(os.path.basename(name))[0], "input": res or "model's", "tasks": len(tasks), "seconds": secs}
 
 
 def row(r: dict) -> list[str]:
@@ -68,24 +68,18 @@ def row(r: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import checkpoint, machine, publish
+    from _peers import each_row, machine, publish, table
 
     from stormdrop.target import canonical, host_target
 
     target = host_target()
     key = canonical(target)
-    raw, rows = [], []
-    for spec in [m.strip() for m in args.models.split(",") if m.strip()]:
-        print(f"[{spec}]", flush=True)
-        raw.append(bench_one(spec, args.rounds, target))
-        rows.append(row(raw[-1]))
-        checkpoint(rows[-1], args.json, key, "models", raw)
+    _, rows = each_row(args.models, lambda spec: bench_one(spec, args.rounds, target), row, args.json, key, "models")
     lines = ["", f"## Set-up, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- machine: {machine()}; target: `{key}`", f"- command: `{' '.join(sys.argv)}`",
              "- seconds from a fresh gateway (its worker processes started) to every task's reference output made: "
              "one task at a time by the runner, or compiled side by side by the builders and run by the runner "
-             f"(`tune`'s set-up); medians of {args.rounds} rounds in which the two take turns", "",
-             "| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER), *("| " + " | ".join(r) + " |" for r in rows)]
+             f"(`tune`'s set-up); medians of {args.rounds} rounds in which the two take turns", "", *table(HEADER, rows)]
     publish(lines, args.out)
     return 0
 

@@ -113,15 +113,10 @@ def row(r: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import checkpoint, machine, pinned_host, publish
+    from _peers import each_row, machine, pinned_host, publish, table
 
     target, key = pinned_host()
-    raw, rows = [], []
-    for path in [m.strip() for m in args.models.split(",") if m.strip()]:
-        print(f"[{path}]", flush=True)
-        raw.append(bench_one(path, args, target))
-        rows.append(row(raw[-1]))
-        checkpoint(rows[-1], args.json, key, "models", raw)
+    _, rows = each_row(args.models, lambda path: bench_one(path, args, target), row, args.json, key, "models")
     lines = ["", f"## TIR pipeline, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- machine: {machine()}; target: `{key}`", f"- command: `{' '.join(sys.argv)}`",
              "- each model's tuned schedules (its database) compiled twice: through TVM's default TIR pipeline and "
@@ -129,8 +124,7 @@ def main(argv: list[str] | None = None) -> int:
              "split changed, and their summed time inside each build (ms, medians of 3 turns of 10 runs); latencies in "
              f"ms: median of {args.rounds} rounds in which the four take turns; gain = TVM's / stormdrop's (a model "
              "with no kernel split is the same code twice); max diff: both builds' outputs against ONNX Runtime's, "
-             "relative to their scale", "",
-             "| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER), *("| " + " | ".join(r) + " |" for r in rows)]
+             "relative to their scale", "", *table(HEADER, rows)]
     publish(lines, args.out)
     return 0
 

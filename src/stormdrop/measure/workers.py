@@ -133,7 +133,8 @@ class Runner:
         self.joined = joined  # a device that joined mid-run: one that fails its set-up is left out
 
     def holds(self, key: str) -> bool:
-        """Whether the runner process has ``key``'s inputs and reference outputs (a restarted one has none)."""
+        """Whether the runner process has ``key``'s inputs and reference outputs (it is started if it
+        is not running; a restarted one has none)."""
         self.worker.ensure()
         if self.worker.generation != self.generation:  # restarted: references are gone
             self.references.clear()
