@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("STORMDROP_HUB", "off")
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import machine, publish, save_json
+    from _peers import machine, publish, save_json, table
     from bench_kernels import pin_threads
 
     from stormdrop.lowering.pipeline import Lowering
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
              f"- each layout tuned with {args.trials} global trials at resolution {args.resolution} "
              "(databases in --db-dir; tuning seconds in the JSON), then every build timed in one process "
              "(Relax VM, median of 5 x >= 100 ms) next to ONNX Runtime; ORT/x > 1: x faster than ONNX Runtime", "",
-             "| " + " | ".join(header) + " |", "|" + " --- |" * len(header), *("| " + " | ".join(r) + " |" for r in rows),
+             *table(header, rows),
              ""]
     save_json(args.json, canonical(target), "models", raw)
     publish(lines, args.out)

@@ -337,7 +337,7 @@ def _hub_name(target) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import checkpoint, machine, publish
+    from _peers import checkpoint, machine, publish, table
     from bench_kernels import pin_threads
 
     from stormdrop.target import canonical, host_target, physical_cores
@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
              "of 5 x >= 100 ms; ONNX Runtime and OpenVINO (fp32, latency hint), same thread count, median run over "
              "0.5 s); "
              "ratios > 1: stormdrop faster", "",
-             "| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER), *("| " + " | ".join(r) + " |" for r in rows),
+             *table(HEADER, rows),
              "", *breakdown(raw)]
     publish(lines, args.out)
     return 0

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("STORMDROP_HUB", "off")
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import machine, pinned_host, publish, save_json, tuned_and_retimed
+    from _peers import machine, pinned_host, publish, save_json, table, tuned_and_retimed
 
 
     target, key = pinned_host()
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
              f"('tiled'), each tuned {args.trials} storm + {args.trials} raindrop trials (seed {args.seed}), the "
              f"bests re-timed in turns ({args.rounds} rounds, median; inputs warm in the caches); GB/s = the "
              "input's bytes / time", "",
-             "| " + " | ".join(header) + " |", "|" + " --- |" * len(header), *("| " + " | ".join(r) + " |" for r in rows),
+             *table(header, rows),
              "", f"- geometric mean speed-up: {statistics.geometric_mean(speeds):.1f}x over {len(speeds)} shapes"
              if speeds else "- no run finished", ""]
     publish(lines, args.out)

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("STORMDROP_HUB", "off")
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import machine, pinned_host, publish, save_json
+    from _peers import machine, pinned_host, publish, save_json, table
 
     from stormdrop.measure.gateway import Gateway
     from stormdrop.search.options import SearchOptions
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
              f"- {args.trials} storm + {args.trials} raindrop trials per kernel and setting; 'on' = "
              f"--register-tiles {args.register_tiles}, 'off' = 0; the two best schedules re-timed side by side "
              f"({args.rounds} rounds, median); on/off speed > 1: the jumps found the faster schedule", "",
-             "| " + " | ".join(header) + " |", "|" + " --- |" * len(header), *("| " + " | ".join(r) + " |" for r in rows),
+             *table(header, rows),
              "", f"- geometric mean on/off speed: {statistics.geometric_mean(speeds):.3f} over {len(speeds)} runs"
              if speeds else "- no run finished", ""]
     publish(lines, args.out)

@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("STORMDROP_HUB", "off")
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import machine, publish
+    from _peers import machine, publish, table
     from bench_kernels import pin_threads
 
     from stormdrop.target import canonical, host_target, physical_cores
@@ -352,8 +352,7 @@ def main(argv: list[str] | None = None) -> int:
              "(extraction, search, verification, the model's compile; not the final timing); latencies in ms, "
              f"median of {args.rounds} rounds in which all peers take turns, in a fresh process after the tuning "
              "(`--retime`); (x) of (d)'s speedup = (untuned / x) / (untuned / d) = d / x", "",
-             "| " + " | ".join(header) + " |", "|" + " --- |" * len(header),
-             *("| " + " | ".join(r) + " |" for r in rows), ""]
+             *table(header, rows), ""]
     publish(lines, args.out)
     return 0
 

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import bench_models
     from _arms import columns
-    from _peers import checkpoint, machine, publish
+    from _peers import checkpoint, machine, publish, table
     from bench_kernels import pin_threads
     from small_networks import NETWORKS, write
 
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                    else "") if args.prior_ab else "")
              + "); latencies in ms: "
              f"median of {args.rounds} rounds in which the peers take turns; ratios > 1: stormdrop faster", "",
-             "| " + " | ".join(header) + " |", "|" + " --- |" * len(header), *("| " + " | ".join(r) + " |" for r in rows),
+             *table(header, rows),
              "", *bench_models.breakdown(raw)]
     publish(lines, args.out)
     return 0

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import bench_models
-    from _peers import checkpoint, machine, pinned_host, publish
+    from _peers import checkpoint, machine, pinned_host, publish, table
 
     target, key = pinned_host()
     held = {h.strip() for h in args.held_out.split(",") if h.strip()}
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
              f"{args.rounds} rounds in which the peers take turns; ratios > 1: stormdrop faster; 'faster than ORT "
              "after': the tune's own reading (every task's best so far, scaled to the measured model, against the "
              "ONNX Runtime latency that tune measured), 'never': not faster when it ended", "",
-             "| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER), *("| " + " | ".join(r) + " |" for r in rows),
+             *table(HEADER, rows),
              ""]
     publish(lines, args.out)
     return 0

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("STORMDROP_HUB", "off")
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import machine, pinned_host, publish, save_json, tuned_and_retimed
+    from _peers import machine, pinned_host, publish, save_json, table, tuned_and_retimed
 
     from stormdrop.lowering.winograd import choose_tile
     from stormdrop.workloads import parse_kernel
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
              f"- {'held-out ' if args.shapes == DEFAULT_SHAPES else ''}3x3 stride-1 NHWC convolutions, each variant tuned {args.trials} storm + {args.trials} "
              f"raindrop trials (seed {args.seed}), the bests re-timed in turns ({args.rounds} rounds, median); "
              "GFLOPS = a direct convolution's FLOPs / time; 'auto picks' = `--winograd auto`'s choice", "",
-             "| " + " | ".join(header) + " |", "|" + " --- |" * len(header), *("| " + " | ".join(r) + " |" for r in rows),
+             *table(header, rows),
              "", f"- geometric mean speed of auto's pick over direct: {statistics.geometric_mean(speeds):.2f} "
              f"over {len(speeds)} convolutions" if speeds else "- no run finished", ""]
     publish(lines, args.out)
