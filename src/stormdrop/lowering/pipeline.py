@@ -14,7 +14,7 @@ from tvm import relax
 from tvm.target import Target
 
 from stormdrop.errors import SpecError
-from stormdrop.lowering import attention, fastmath, padded_rows, reductions
+from stormdrop.lowering import attention, fastmath, padded_columns, padded_rows, reductions
 from stormdrop.lowering.layout import LAYOUTS, convert_layout
 from stormdrop.lowering.layout import legalizations as layout_legalizations
 from stormdrop.lowering.winograd import MIN_TRIALS_PER_TASK, TRIAL_S
@@ -41,6 +41,9 @@ class Lowering:
     computed at a padded length, masked (``attention.pad_sequences``), on CPUs.
     ``pad_rows``: matrix products whose row count tiles badly (a ViT's 197 tokens) computed
     over a few more rows and cropped (``padded_rows``), on CPUs.
+    ``pad_columns``: matrix products with constant weights whose column count is no multiple of
+    the vector width (a classifier's 1000) computed over zero-weight columns up to the next
+    multiple and cropped (``padded_columns``), on CPUs. Off by default until measured on models.
     """
 
     layout: str = "auto"
@@ -50,6 +53,7 @@ class Lowering:
     tiled_reductions: bool = True
     pad_attention: bool = True
     pad_rows: bool = True
+    pad_columns: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -95,6 +99,9 @@ class Lowering:
                 rules.update(reductions.legalizations())
             if self.pad_rows and cpu:
                 rules.update(padded_rows.legalizations())
+            if self.pad_columns and cpu:
+                inner = rules.get("relax.matmul") or tvm.ir.Op.get("relax.matmul").get_attr("FLegalize")
+                rules.update(padded_columns.legalizations(inner))
             if self.winograd != "off" and cpu:
                 rules["relax.nn.conv2d"] = winograd_legalization(self.winograd, rules["relax.nn.conv2d"])
             mod = relax.transform.LegalizeOps(rules)(mod)

@@ -1,0 +1,69 @@
+"""Products with constant weights whose column count is no multiple of the vector width: computed
+over zero-weight columns up to the next multiple, cropped, and still ONNX Runtime's output."""
+
+from __future__ import annotations
+
+import pytest
+import tvm
+import tvm.s_tir.meta_schedule as ms
+
+from stormdrop.lowering import padded_columns
+from stormdrop.lowering.pipeline import Lowering
+from stormdrop.model.run import apply_records, max_abs_diff, random_inputs, run_model
+from stormdrop.model.runtimes import run_onnxruntime
+from stormdrop.model.tune import extract_tasks
+from stormdrop.target import parse_target, vector_lanes
+from stormdrop.workloads._onnx_builder import GraphBuilder
+from stormdrop.workloads.models import from_onnx_model
+
+TARGET = parse_target(None)
+FEATURES, COLUMNS = 32, 44  # 44: no multiple of 8 or 16 lanes; 48 is, for both
+
+
+def _model(tokens: int):
+    """A linear layer to COLUMNS features with its bias and a ReLU, and a product of two
+    activations (``x @ x^T``: no constant weights, not rewritten) beside it."""
+    g = GraphBuilder(f"cols{tokens}", 0)
+    x = g.input("x", (1, tokens, FEATURES))
+    g.output(g.relu(g.linear(x, COLUMNS)))
+    g.output(g.matmul(x, g.transpose(x, (0, 2, 1))), "gram")
+    return from_onnx_model(g.model(), f"cols{tokens}")
+
+
+def _weight_columns(fused: tvm.IRModule) -> list[int]:
+    """The column count of each matrix-product kernel's 2-D weight parameter."""
+    out = []
+    for gv, func in fused.functions.items():
+        if isinstance(func, tvm.tirx.PrimFunc) and "matmul" in gv.name_hint:
+            shapes = [[int(d) for d in a.shape] for a in ms.arg_info.ArgInfo.from_prim_func(func)]
+            out += [s[1] for s in shapes if len(s) == 2 and s[0] == FEATURES]
+    return out
+
+
+def test_padded_column_counts():
+    assert [padded_columns.padded(n, 16) for n in (1000, 1008, 44, 31, 16, 1)] == [1008, 1008, 48, 31, 16, 1]
+    assert [padded_columns.padded(n, 8) for n in (1000, 44, 15)] == [1000, 48, 15]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tokens", [8, 67])  # 67 rows: padded rows (padded_rows) and columns together
+def test_a_product_with_constant_weights_is_computed_over_padded_columns_and_matches_onnxruntime(tokens):
+    lanes = vector_lanes(TARGET)
+    if not lanes:
+        pytest.skip("the host target has no known vector width")
+    model = _model(tokens)
+    inputs = random_inputs(model, 0)
+    ref, _ = run_onnxruntime(model.onnx_model, inputs, 2)
+    for pad in (True, False):
+        fused, _ = extract_tasks(model, TARGET, Lowering(pad_columns=pad))
+        assert _weight_columns(fused) == [padded_columns.padded(COLUMNS, lanes) if pad else COLUMNS], pad
+        names = [gv.name_hint for gv, f in fused.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+        cropped = [n for n in names if "columns" in n]
+        # the crop, the bias and the ReLU are one kernel with the product
+        assert (len(cropped) == 1 and cropped[0].startswith("fused_matmul") and "relu" in cropped[0]) if pad \
+            else not cropped, names
+        ex = tvm.compile(apply_records(fused, ms.database.MemoryDatabase(), TARGET), target=TARGET)
+        outs, _ = run_model(ex, inputs, TARGET, time_it=False)
+        assert [o.shape for o in outs] == [(1, tokens, COLUMNS), (1, tokens, tokens)]
+        err, scale = max_abs_diff(outs, ref)
+        assert err <= 1e-5 * scale, (pad, err, scale)
