@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 import tvm
-from tvm import relax, te
+from tvm import relax
 from tvm.ir.expr import Constant
 
+from stormdrop.lowering.padded_rows import crop_rows
 from stormdrop.target import vector_lanes
 
 
@@ -30,11 +31,6 @@ def padded(columns: int, lanes: int) -> int:
     if columns < 2 * lanes or columns % lanes == 0:
         return columns
     return -(-columns // lanes) * lanes
-
-
-def crop_columns(y: te.Tensor, columns: int) -> te.Tensor:
-    """The first ``columns`` entries of ``y``'s last axis."""
-    return te.compute([*y.shape[:-1], columns], lambda *ix: y[ix], name="T_columns")
 
 
 def _weights(call: relax.Call, lanes: int | None) -> tuple[np.ndarray, int] | None:
@@ -59,10 +55,10 @@ def legalizations(inner: Callable[[relax.BlockBuilder, relax.Call], relax.Expr])
         if found is None:
             return inner(bb, call)
         weights, goal = found
-        pad = np.zeros((weights.shape[0], goal), dtype=weights.dtype)
-        pad[:, :weights.shape[1]] = weights
-        wider = bb.normalize(relax.op.matmul(call.args[0], relax.const(pad), out_dtype=call.attrs.out_dtype))
-        product = bb.emit(inner(bb, wider))
-        return bb.call_te(crop_columns, product, int(weights.shape[1]), primfunc_name_hint="columns")
+        wider = np.pad(weights, ((0, 0), (0, goal - weights.shape[1])))
+        product = bb.emit(inner(bb, bb.normalize(relax.op.matmul(call.args[0], relax.const(wider),
+                                                                 out_dtype=call.attrs.out_dtype))))
+        return bb.call_te(crop_rows, product, len(product.ty.shape) - 1, int(weights.shape[1]), "T_columns",
+                          primfunc_name_hint="columns")
 
     return {"relax.matmul": legalize}

@@ -57,11 +57,11 @@ def matmul_rows(x: te.Tensor, w: te.Tensor, axis: int, rows: int) -> te.Tensor:
     return te.compute(shape, product, name="T_matmul")
 
 
-def crop_rows(y: te.Tensor, axis: int, rows: int) -> te.Tensor:
-    """The first ``rows`` rows on axis ``axis`` of ``y``."""
+def crop_rows(y: te.Tensor, axis: int, rows: int, name: str = "T_rows") -> te.Tensor:
+    """The first ``rows`` entries on axis ``axis`` of ``y`` (rows, or columns: ``padded_columns``)."""
     shape = list(y.shape)
     shape[axis] = rows
-    return te.compute(shape, lambda *ix: y[ix], name="T_rows")
+    return te.compute(shape, lambda *ix: y[ix], name=name)
 
 
 def _rows(call: relax.Call) -> tuple[int, int, int] | None:
