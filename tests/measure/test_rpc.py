@@ -63,6 +63,40 @@ def test_unreachable_tracker_is_one_error_line(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("stormdrop: error:"), r.stderr
 
 
+def test_a_tracker_that_dies_fails_its_connects_in_seconds_not_minutes():
+    """A tracker that accepts, answers the handshake and dies: the session's request (TVM's: five
+    tries of a minute each) and a new connect (TVM's: a minute) fail at once, so a runner renewing
+    its session as the tracker dies gives up within the run's device timeout."""
+    import socket
+    import struct
+    import threading
+
+    from tvm.rpc import base
+
+    from stormdrop.measure.tracker import RpcConfig, connect_tracker
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    rpc = RpcConfig("127.0.0.1", listener.getsockname()[1], KEY)
+
+    def serve_once():
+        conn, _ = listener.accept()
+        base.recvall(conn, 4)
+        conn.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))
+        listener.close()
+        conn.close()
+
+    t = threading.Thread(target=serve_once, daemon=True)
+    t.start()
+    session = connect_tracker(rpc)
+    t.join(timeout=10)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="Cannot request"):
+        session.request(KEY, session_timeout=3)
+    with pytest.raises(OSError):
+        connect_tracker(rpc)
+    assert time.monotonic() - start < 5
+
+
 def test_a_run_longer_than_the_rpc_session_timeout_stores_no_failure(tmp_path, tracker):
     """The tracker ends a session after its timeout (3 s here); the runner renews it before then,
     so candidates measured after the first session's end are measured, not stored as failures."""

@@ -16,7 +16,7 @@ import time
 import traceback
 from typing import Any
 
-from stormdrop.measure.tracker import RpcConfig, free_devices, knock, renewal_due
+from stormdrop.measure.tracker import RpcConfig, connect_tracker, free_devices, knock, renewal_due
 
 
 def serve(conn: Any, role: str, target_json: str, rpc: RpcConfig | None) -> None:
@@ -184,10 +184,8 @@ class _RunnerState:
         self.outputs: dict[str, list[int]] = {}
 
     def _connect(self) -> None:
-        from tvm import rpc as tvm_rpc
-
         rpc = self.rpc
-        tracker = tvm_rpc.connect_tracker(rpc.host, rpc.port)
+        tracker = connect_tracker(rpc)
         if rpc.join and self.session is None and not free_devices(rpc):
             # joining mid-run: never wait in the tracker's queue
             raise RuntimeError(f"no free device under key {rpc.key} any more")

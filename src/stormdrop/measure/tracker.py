@@ -1,6 +1,5 @@
 """Remote devices under an RPC tracker: where they are (``RpcConfig``) and what the tracker says of
-the devices under a key (its summary's queue), asked without TVM's minute of silent retries: the
-port is knocked on first."""
+the devices under a key (its summary's queue), asked without TVM's minute of silent retries."""
 
 from __future__ import annotations
 
@@ -9,6 +8,7 @@ import json
 import socket
 import time
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,14 @@ def knock(rpc: RpcConfig, timeout: float = 5.0) -> None:
     socket.create_connection((rpc.host, rpc.port), timeout=timeout).close()
 
 
+def connect_tracker(rpc: RpcConfig, timeout: float = 5.0) -> Any:
+    """A session with the tracker whose connects fail at once (OSError) when the port does not
+    answer (see ``tvm_compat.rpc``)."""
+    from stormdrop.tvm_compat.rpc import tracker_session
+
+    return tracker_session(rpc.host, rpc.port, timeout)
+
+
 def renewal_due(opened: float, session_timeout: float) -> bool:
     """Whether a session opened at ``opened`` (``time.monotonic()``) is in the last fifth, or last
     minute, of the tracker's ``session_timeout`` (0: never ends), when it is renewed."""
@@ -53,10 +61,7 @@ def renewal_due(opened: float, session_timeout: float) -> bool:
 def free_devices(rpc: RpcConfig) -> int | None:
     """The devices free under the key now (the tracker's summary); None if the tracker does not answer."""
     try:
-        knock(rpc)
-        from tvm import rpc as tvm_rpc
-
-        info = tvm_rpc.connect_tracker(rpc.host, rpc.port).summary().get("queue_info", {})
+        info = connect_tracker(rpc).summary().get("queue_info", {})
         return int(info.get(rpc.key, {}).get("free", 0))
     except Exception:  # noqa: BLE001 - the runners' own set-up and retries say what is wrong
         return None

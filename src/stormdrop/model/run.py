@@ -97,9 +97,9 @@ def _remote(rpc: RpcConfig, fresh: bool = False) -> Any:
         return _SESSIONS[key][0]
     if _SESSIONS.pop(key, None) is not None:
         gc.collect()  # the old session's last reference is gone: it closes
-    from tvm import rpc as tvm_rpc
+    from stormdrop.measure.tracker import connect_tracker
 
-    tracker = tvm_rpc.connect_tracker(rpc.host, rpc.port)
+    tracker = connect_tracker(rpc)
     _SESSIONS[key] = (tracker.request(rpc.key, priority=1, session_timeout=int(rpc.session_timeout_s)),
                       time.monotonic())
     return _SESSIONS[key][0]

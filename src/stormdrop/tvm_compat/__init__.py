@@ -14,6 +14,7 @@ edges of TVM 0.27, each in the module of its topic:
   instead of raising for some inputs (its notes say which).
 - ``nvrtc``: CUDA sources compiled to cubins on the host (its notes say why).
 - ``isolated``: the child process that keeps TVM's crashes on untrusted files away.
+- ``rpc``: TVM's tracker client without its minute of silent retries of a refused port.
 - ``cross``: libraries for another CPU architecture (an ARM board), linked by its cross compiler.
 
 One rough edge is handled where the user's stop lives, ``stormdrop.stop``: an exception raised in
