@@ -67,3 +67,53 @@ def test_a_product_with_constant_weights_is_computed_over_padded_columns_and_mat
         assert [o.shape for o in outs] == [(1, tokens, COLUMNS), (1, tokens, tokens)]
         err, scale = max_abs_diff(outs, ref)
         assert err <= 1e-5 * scale, (pad, err, scale)
+
+
+def _conv_model():
+    """A 1x1 and a 3x3 convolution to COLUMNS channels, each with its bias and a ReLU, and a
+    depthwise convolution between them (grouped: not rewritten)."""
+    g = GraphBuilder("colsconv", 0)
+    x = g.input("x", (1, FEATURES, 6, 6))
+    y = g.relu(g.conv(x, COLUMNS, 1))
+    y = g.relu(g.conv(y, COLUMNS, 3, pad=1, groups=COLUMNS))
+    g.output(g.relu(g.conv(y, COLUMNS, 3, pad=1)))
+    return from_onnx_model(g.model(), "colsconv")
+
+
+def _conv_output_channels(fused: tvm.IRModule, layout: str) -> list[int]:
+    """The output-channel count of each convolution kernel's weights (HWIO, or OIHW with ``nchw``):
+    its 4-D parameters other than activations (1 x 6 x 6 x C or 1 x C x 6 x 6) and biases."""
+    out = []
+    for gv, func in fused.functions.items():
+        if isinstance(func, tvm.tirx.PrimFunc) and "conv2d" in gv.name_hint:
+            shapes = [[int(d) for d in a.shape] for a in ms.arg_info.ArgInfo.from_prim_func(func)]
+            weights = [s for s in shapes if len(s) == 4 and s[0] * s[1] * s[2] * s[3] > max(s)
+                       and not (s[0] == 1 and (s[1:3] == [6, 6] or s[2:] == [6, 6]))]
+            out += [s[0] if layout == "nchw" else s[3] for s in weights]
+    return sorted(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+def test_a_convolution_with_constant_weights_is_computed_over_padded_channels_and_matches_onnxruntime(layout):
+    lanes = vector_lanes(TARGET)
+    if not lanes:
+        pytest.skip("the host target has no known vector width")
+    model = _conv_model()
+    inputs = random_inputs(model, 0)
+    ref, _ = run_onnxruntime(model.onnx_model, inputs, 2)
+    goal = padded_columns.padded(COLUMNS, lanes)
+    for pad in (True, False):
+        fused, _ = extract_tasks(model, TARGET, Lowering(layout=layout, winograd="off", pad_columns=pad))
+        # the depthwise convolution's weights (COLUMNS output channels) stay as they were
+        assert _conv_output_channels(fused, layout) == sorted([COLUMNS, *[goal if pad else COLUMNS] * 2]), (pad, layout)
+        names = [gv.name_hint for gv, f in fused.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+        cropped = [n for n in names if "columns" in n]
+        # each crop, its bias and its ReLU are one kernel with the convolution
+        assert (len(cropped) == 2 and all(n.startswith("fused_conv2d") and "relu" in n for n in cropped)) if pad \
+            else not cropped, names
+        ex = tvm.compile(apply_records(fused, ms.database.MemoryDatabase(), TARGET), target=TARGET)
+        outs, _ = run_model(ex, inputs, TARGET, time_it=False)
+        assert [o.shape for o in outs] == [(1, COLUMNS, 6, 6)]
+        err, scale = max_abs_diff(outs, ref)
+        assert err <= 1e-5 * scale, (pad, layout, err, scale)

@@ -1,5 +1,5 @@
-"""Matrix products with constant weights whose column count is no multiple of the vector width,
-computed over a few more columns of zero weights.
+"""Matrix products and convolutions with constant weights whose column (output-channel) count is
+no multiple of the vector width, computed over a few more columns of zero weights.
 
 A classifier's ``x (..., K) @ w (K, 1000)`` is tiled by the search along its 1000 columns by
 divisors of 1000, so its vector loop is 8 or 10 lanes wide (never 16 on AVX-512), and its loads
@@ -8,7 +8,10 @@ the product over ``padded(N)`` columns, the next multiple of the target's vector
 weights padded by zeros at compile time, and crops the result back to N columns. The crop is
 elementwise and fuses with the product's epilogue (bias, activation), so a kernel's inputs and
 output keep their shapes and only its intermediate and constant weights grow. Applied on CPUs
-to float32 products whose ``w`` is a 2-D constant (``tvm.ir.expr.Constant``).
+to float32 products whose ``w`` is a 2-D constant (``tvm.ir.expr.Constant``), and to ungrouped
+float32 convolutions in plain layouts (a squeezenet's 1x1 classifier over 1000 channels) whose
+constant weights are padded on their output-channel axis and whose output is cropped on its
+channel axis.
 """
 
 from __future__ import annotations
@@ -46,9 +49,68 @@ def _weights(call: relax.Call, lanes: int | None) -> tuple[np.ndarray, int] | No
     return None if goal == columns else (w.value.numpy(), goal)
 
 
-def legalizations(inner: Callable[[relax.BlockBuilder, relax.Call], relax.Expr]) -> dict[str, Any]:
-    """A ``LegalizeOps`` override of ``relax.matmul`` that pads the columns where it applies and
-    hands every product (padded or not) to ``inner``, the rule that legalizes it otherwise."""
+def _conv_weights(bb: relax.BlockBuilder, call: relax.Call,
+                  lanes: int | None) -> tuple[np.ndarray, int, int, int] | None:
+    """(the constant weights, their output-channel axis, the output's channel axis, the padded
+    channel count) where the rewrite applies to a conv2d, else ``None``. The weights are a
+    constant or a variable bound to one (``fold_weight_permutes``)."""
+    x, w = call.args
+    if isinstance(w, relax.Var):
+        w = bb.lookup_binding(w)
+    a = call.attrs
+    out_dtype = str(a.out_dtype) if a.out_dtype is not None else ""
+    if not lanes or not isinstance(w, Constant) or int(a.groups) != 1 or out_dtype not in ("", "void", "float32"):
+        return None
+    if str(x.ty.dtype) != "float32" or str(w.ty.dtype) != "float32":
+        return None
+    kernel, out = str(a.kernel_layout), str(a.out_layout or a.data_layout)
+    if sorted(kernel) != sorted("OIHW") or sorted(out) != sorted("NCHW"):  # blocked layouts: not here
+        return None
+    axis = kernel.index("O")
+    channels = int(w.value.shape[axis])
+    goal = padded(channels, lanes)
+    return None if goal == channels else (w.value.numpy(), axis, out.index("C"), goal)
+
+
+def fold_weight_permutes(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with each ``permute_dims`` of a constant written as the permuted constant: a
+    convolution's weights after ``ConvertLayout`` (HWIO of the model's OIHW), so that its
+    legalization sees them as constants."""
+    permute = tvm.ir.Op.get("relax.permute_dims")
+
+    @relax.expr_functor.mutator
+    class Fold(relax.PyExprMutator):
+        def visit_call_(self, call: Any) -> Any:
+            call = super().visit_call_(call)
+            if not (isinstance(call, relax.Call) and call.op.same_as(permute) and isinstance(call.args[0], Constant)):
+                return call
+            data = call.args[0].value.numpy()
+            axes = None if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
+            return relax.const(np.ascontiguousarray(np.transpose(data, axes)))
+
+    folded = {gv: Fold(mod).visit_expr(f) if isinstance(f, relax.Function) else f for gv, f in mod.functions.items()}
+    return tvm.IRModule(folded, attrs=mod.attrs)
+
+
+def legalizations(inner: Callable[[relax.BlockBuilder, relax.Call], relax.Expr],
+                  inner_conv: Callable[[relax.BlockBuilder, relax.Call], relax.Expr]) -> dict[str, Any]:
+    """``LegalizeOps`` overrides of ``relax.matmul`` and ``relax.nn.conv2d`` that pad the columns
+    where they apply and hand every product (padded or not) to ``inner`` and every convolution to
+    ``inner_conv``, the rules that legalize them otherwise."""
+
+    def legalize_conv(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+        found = _conv_weights(bb, call, vector_lanes(tvm.target.Target.current()))
+        if found is None:
+            return inner_conv(bb, call)
+        weights, axis, out_axis, goal = found
+        widths = [(0, 0)] * weights.ndim
+        widths[axis] = (0, goal - weights.shape[axis])
+        a = call.attrs
+        wider = relax.op.nn.conv2d(call.args[0], relax.const(np.pad(weights, widths)), a.strides, a.padding,
+                                   a.dilation, 1, a.data_layout, a.kernel_layout, a.out_layout, a.out_dtype)
+        conv = bb.emit(inner_conv(bb, bb.normalize(wider)))
+        return bb.call_te(crop_rows, conv, out_axis, int(weights.shape[axis]), "T_columns",
+                          primfunc_name_hint="columns")
 
     def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         found = _weights(call, vector_lanes(tvm.target.Target.current()))
@@ -61,4 +123,4 @@ def legalizations(inner: Callable[[relax.BlockBuilder, relax.Call], relax.Expr])
         return bb.call_te(crop_rows, product, len(product.ty.shape) - 1, int(weights.shape[1]), "T_columns",
                           primfunc_name_hint="columns")
 
-    return {"relax.matmul": legalize}
+    return {"relax.matmul": legalize, "relax.nn.conv2d": legalize_conv}

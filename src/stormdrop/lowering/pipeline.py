@@ -41,9 +41,10 @@ class Lowering:
     computed at a padded length, masked (``attention.pad_sequences``), on CPUs.
     ``pad_rows``: matrix products whose row count tiles badly (a ViT's 197 tokens) computed
     over a few more rows and cropped (``padded_rows``), on CPUs.
-    ``pad_columns``: matrix products with constant weights whose column count is no multiple of
-    the vector width (a classifier's 1000) computed over zero-weight columns up to the next
-    multiple and cropped (``padded_columns``), on CPUs. Off by default until measured on models.
+    ``pad_columns``: matrix products and convolutions with constant weights whose column
+    (output-channel) count is no multiple of the vector width (a classifier's 1000) computed
+    over zero-weight columns up to the next multiple and cropped (``padded_columns``), on CPUs.
+    Off by default until measured on models.
     """
 
     layout: str = "auto"
@@ -99,11 +100,12 @@ class Lowering:
                 rules.update(reductions.legalizations())
             if self.pad_rows and cpu:
                 rules.update(padded_rows.legalizations())
-            if self.pad_columns and cpu:
-                inner = rules.get("relax.matmul") or tvm.ir.Op.get("relax.matmul").get_attr("FLegalize")
-                rules.update(padded_columns.legalizations(inner))
             if self.winograd != "off" and cpu:
                 rules["relax.nn.conv2d"] = winograd_legalization(self.winograd, rules["relax.nn.conv2d"])
+            if self.pad_columns and cpu:
+                inner = rules.get("relax.matmul") or tvm.ir.Op.get("relax.matmul").get_attr("FLegalize")
+                rules.update(padded_columns.legalizations(inner, rules["relax.nn.conv2d"]))
+                mod = padded_columns.fold_weight_permutes(mod)
             mod = relax.transform.LegalizeOps(rules)(mod)
             fused = relax.get_pipeline("zero")(mod)
             if prepack_weights:
