@@ -9,7 +9,7 @@ _ARMS = {"cold_tuned": ("tuned with the caches flushed (--cache-flush", "tuned w
                       False, "unpadded"),
          "unpadded_rows": ("tuned with matrix products at their own row count (--pad-rows ab", "padded rows",
                            "unpadded / padded", False, "unpadded rows"),
-         "padded_columns": ("tuned with constant-weight products over padded columns (--pad-columns ab", "as lowered",
+         "padded_columns": ("tuned with constant-weight products and convolutions over padded columns (--pad-columns ab", "as lowered",
                             "padded columns / as lowered", False, "padded columns"),
          "direct": ("tuned with every convolution direct (--winograd-ab", "as lowered", "direct / as lowered", False,
                     "direct"),

@@ -92,7 +92,8 @@ for _name in ("ghostnet_100", "mixnet_s", "lcnet_100", "fbnetc_100", "semnasnet_
               "mnasnet_050", "lcnet_075", "resnet18d", "ghostnetv2_100", "repvgg_a0", "resnet26d", "resnet34d",
               "resnet10t", "hrnet_w18_small", "dla46_c", "selecsls42b", "cspresnet50", "mobilenetv2_050",
               "res2net50_14w_8s", "dla46x_c", "mobileone_s1", "hrnet_w18_small_v2", "tinynet_b", "densenet121",
-              "inception_v3", "ese_vovnet39b", "resnet14t", "regnetx_004", "hardcorenas_c"):
+              "inception_v3", "ese_vovnet39b", "resnet14t", "regnetx_004", "hardcorenas_c", "ghostnet_050",
+              "tf_mobilenetv3_large_075", "lcnet_050", "tinynet_c"):
     network(_name, "small")(lambda _name=_name: _timm_small(_name))
 
 
