@@ -93,7 +93,8 @@ for _name in ("ghostnet_100", "mixnet_s", "lcnet_100", "fbnetc_100", "semnasnet_
               "resnet10t", "hrnet_w18_small", "dla46_c", "selecsls42b", "cspresnet50", "mobilenetv2_050",
               "res2net50_14w_8s", "dla46x_c", "mobileone_s1", "hrnet_w18_small_v2", "tinynet_b", "densenet121",
               "inception_v3", "ese_vovnet39b", "resnet14t", "regnetx_004", "hardcorenas_c", "ghostnet_050",
-              "tf_mobilenetv3_large_075", "lcnet_050", "tinynet_c"):
+              "tf_mobilenetv3_large_075", "lcnet_050", "tinynet_c", "regnety_004", "hardcorenas_b", "lcnet_150",
+              "tinynet_d"):
     network(_name, "small")(lambda _name=_name: _timm_small(_name))
 
 
