@@ -11,6 +11,8 @@ _ARMS = {"cold_tuned": ("tuned with the caches flushed (--cache-flush", "tuned w
                            "unpadded / padded", False, "unpadded rows"),
          "padded_columns": ("tuned with constant-weight products and convolutions over padded columns (--pad-columns ab", "as lowered",
                             "padded columns / as lowered", False, "padded columns"),
+         "select_concat": ("tuned with concatenations as TVM writes them (--concat-copies ab", "copies",
+                           "TVM's / copies", False, "TVM's concatenations"),
          "direct": ("tuned with every convolution direct (--winograd-ab", "as lowered", "direct / as lowered", False,
                     "direct"),
          "no_hub": ("tuned without the schedule hub (--hub ab", "with the hub", "no hub / hub", False, "no hub"),

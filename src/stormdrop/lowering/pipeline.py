@@ -14,7 +14,7 @@ from tvm import relax
 from tvm.target import Target
 
 from stormdrop.errors import SpecError
-from stormdrop.lowering import attention, fastmath, padded_columns, padded_rows, reductions
+from stormdrop.lowering import attention, concat, fastmath, padded_columns, padded_rows, reductions
 from stormdrop.lowering.layout import LAYOUTS, convert_layout
 from stormdrop.lowering.layout import legalizations as layout_legalizations
 from stormdrop.lowering.winograd import MIN_TRIALS_PER_TASK, TRIAL_S
@@ -45,6 +45,8 @@ class Lowering:
     (output-channel) count is no multiple of the vector width (a classifier's 1000) computed
     over zero-weight columns up to the next multiple and cropped (``padded_columns``), on CPUs.
     Off by default until measured on models.
+    ``concat_copies``: concatenations that fusion leaves alone as one vectorizable copy per input
+    into its slice of the output (``concat``) instead of TVM's per-element choice of input, on CPUs.
     """
 
     layout: str = "auto"
@@ -55,6 +57,7 @@ class Lowering:
     pad_attention: bool = True
     pad_rows: bool = True
     pad_columns: bool = False
+    concat_copies: bool = True
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -108,6 +111,8 @@ class Lowering:
                 mod = padded_columns.fold_weight_permutes(mod)
             mod = relax.transform.LegalizeOps(rules)(mod)
             fused = relax.get_pipeline("zero")(mod)
+            if self.concat_copies and cpu:
+                fused = concat.as_copies(fused)
             if prepack_weights:
                 fused = relax.transform.AttachAttrLayoutFreeBuffers()(fused)
         return fused
