@@ -70,6 +70,26 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
 
 
+def pair_rows(raw: list[dict], first: str, second: str, label: Callable[[dict], str]) -> tuple[list[list[str]], str]:
+    """The table rows of a two-variant kernel benchmark (``tuned_and_retimed``'s rows under ``first``
+    and ``second`` in each entry, which holds its ``bytes``): label, both re-timed latencies (us),
+    both GB/s, second / first speed, both tuning times; and the summary line (geometric mean)."""
+    import statistics
+
+    rows, speeds = [], []
+    for e in raw:
+        a, b = e[first].get("retimed_s"), e[second].get("retimed_s")
+        speed = a / b if a and b else None
+        if speed:
+            speeds.append(speed)
+        rows.append([label(e), *(f"{s * 1e6:.1f}" if s else "-" for s in (a, b)),
+                     *(f"{e['bytes'] / s / 1e9:.1f}" if s else "-" for s in (a, b)), f"{speed:.1f}" if speed else "-",
+                     f"{e[first]['tuning_s']:.0f}", f"{e[second]['tuning_s']:.0f}"])
+    summary = f"- geometric mean speed-up: {statistics.geometric_mean(speeds):.1f}x over {len(speeds)} shapes" \
+        if speeds else "- no run finished"
+    return rows, summary
+
+
 def each_row(specs: str, bench: Callable[[str], dict], row: Callable[[dict], list[str]], json_path: str | None,
              target: str, field: str) -> tuple[list[dict], list[list[str]]]:
     """``bench(spec)`` for each of the comma-separated ``specs``, each result's table row printed and

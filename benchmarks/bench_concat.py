@@ -13,7 +13,6 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
 import tempfile
 
@@ -55,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("STORMDROP_HUB", "off")
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import machine, pinned_host, publish, save_json, table, tuned_and_retimed
+    from _peers import machine, pair_rows, pinned_host, publish, save_json, table, tuned_and_retimed
 
     target, key = pinned_host()
     raw = []
@@ -71,16 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     save_json(args.json, key, "rows", raw)
     header = ["concatenation (1 x H x W x C1+C2+...)", "TVM's us", "copies us", "TVM's GB/s", "copies GB/s",
               "copies / TVM's speed", "TVM's tuning s", "copies tuning s"]
-    rows, speeds = [], []
-    for e in raw:
-        d, t = e["tvm"].get("retimed_s"), e["copies"].get("retimed_s")
-        speed = d / t if d and t else None
-        if speed:
-            speeds.append(speed)
-        rows.append([f"{e['side']}x{e['side']}x{'+'.join(map(str, e['channels']))}",
-                     *(f"{s * 1e6:.1f}" if s else "-" for s in (d, t)),
-                     *(f"{e['bytes'] / s / 1e9:.1f}" if s else "-" for s in (d, t)), f"{speed:.1f}" if speed else "-",
-                     f"{e['tvm']['tuning_s']:.0f}", f"{e['copies']['tuning_s']:.0f}"])
+    rows, summary = pair_rows(raw, "tvm", "copies", lambda e: f"{e['side']}x{e['side']}x{'+'.join(map(str, e['channels']))}")
     lines = ["", f"## Concatenations, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- machine: {machine()}; target: `{key}`", f"- command: `{' '.join(sys.argv)}`",
              f"- NHWC concatenations on the channel axis, TVM's legalization ('TVM's') against `concat.copies` "
@@ -88,8 +78,7 @@ def main(argv: list[str] | None = None) -> int:
              f"bests re-timed in turns ({args.rounds} rounds, median; inputs warm in the caches); GB/s = the "
              "output's bytes / time", "",
              *table(header, rows),
-             "", f"- geometric mean speed-up: {statistics.geometric_mean(speeds):.1f}x over {len(speeds)} shapes"
-             if speeds else "- no run finished", ""]
+             "", summary, ""]
     publish(lines, args.out)
     return 0
 

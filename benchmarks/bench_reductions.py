@@ -15,7 +15,6 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
 import tempfile
 
@@ -59,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("STORMDROP_HUB", "off")
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _peers import machine, pinned_host, publish, save_json, table, tuned_and_retimed
+    from _peers import machine, pair_rows, pinned_host, publish, save_json, table, tuned_and_retimed
 
 
     target, key = pinned_host()
@@ -75,15 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     save_json(args.json, key, "rows", raw)
     header = ["mean over H, W (1 x H x W x C)", "default us", "tiled us", "default GB/s", "tiled GB/s",
               "tiled / default speed", "default tuning s", "tiled tuning s"]
-    rows, speeds = [], []
-    for e in raw:
-        d, t = e["default"].get("retimed_s"), e["tiled"].get("retimed_s")
-        speed = d / t if d and t else None
-        if speed:
-            speeds.append(speed)
-        rows.append([f"{e['side']}x{e['side']}x{e['channels']}", *(f"{s * 1e6:.1f}" if s else "-" for s in (d, t)),
-                     *(f"{e['bytes'] / s / 1e9:.1f}" if s else "-" for s in (d, t)), f"{speed:.1f}" if speed else "-",
-                     f"{e['default']['tuning_s']:.0f}", f"{e['tiled']['tuning_s']:.0f}"])
+    rows, summary = pair_rows(raw, "default", "tiled", lambda e: f"{e['side']}x{e['side']}x{e['channels']}")
     lines = ["", f"## Reductions, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- machine: {machine()}; target: `{key}`", f"- command: `{' '.join(sys.argv)}`",
              f"- NHWC global average pooling, TVM's legalization ('default') against `reductions.weighted_sum` "
@@ -91,8 +82,7 @@ def main(argv: list[str] | None = None) -> int:
              f"bests re-timed in turns ({args.rounds} rounds, median; inputs warm in the caches); GB/s = the "
              "input's bytes / time", "",
              *table(header, rows),
-             "", f"- geometric mean speed-up: {statistics.geometric_mean(speeds):.1f}x over {len(speeds)} shapes"
-             if speeds else "- no run finished", ""]
+             "", summary, ""]
     publish(lines, args.out)
     return 0
 
