@@ -1,0 +1,132 @@
+"""A lowering change on whole models with every other kernel the same: each model tuned with the
+default lowering into one database (``--trials``), then tuned into the same database with one
+``Lowering`` field changed (``--change FIELD=VALUE``, ``--change-trials``: the kernels the change
+makes get their first rounds there, the others more trials that both builds share); both builds
+compiled from the database's best records, outputs checked against ONNX Runtime, and timed in
+turns with ONNX Runtime and OpenVINO. Two tunes of one tree differ by several percent at small
+budgets; here only the kernels the change touches differ between the builds.
+
+    PYTHONPATH=src python benchmarks/bench_same_db.py --models squeezenet1_0 --resolution 96 \\
+        --change concat_copies=false --json benchmarks/results_same_db_X.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import sys
+import tempfile
+
+HEADER = ["model", "tasks", "kernels only in one build", "their stored ms (default / changed)", "default ms",
+          "changed ms", "changed / default", "ONNX Runtime ms", "OpenVINO ms", "ORT / default", "max diff"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", required=True, help="comma-separated zoo names and .onnx paths")
+    p.add_argument("--resolution", type=int, default=None, help="image models' input size (default: the paper's)")
+    p.add_argument("--change", required=True, help="FIELD=VALUE: the Lowering field the second build changes")
+    p.add_argument("--trials", type=int, default=128, help="the first tune's global trial budget")
+    p.add_argument("--change-trials", type=int, default=64, help="the second tune's global trial budget")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="benchmarks/RESULTS.md")
+    p.add_argument("--json", default=None)
+    return p.parse_args(argv)
+
+
+def changed_lowering(spec: str):
+    """``FIELD=VALUE`` as the default ``Lowering`` with that field changed (the value of its type)."""
+    from stormdrop.lowering.pipeline import Lowering
+
+    name, _, value = spec.partition("=")
+    default = Lowering()
+    if not hasattr(default, name):
+        raise SystemExit(f"--change: Lowering has no field {name!r}")
+    kind = type(getattr(default, name))
+    parsed = value.lower() in ("1", "true", "yes", "on") if kind is bool else kind(value)
+    return default, dataclasses.replace(default, **{name: parsed})
+
+
+def bench_one(spec: str, args: argparse.Namespace, target, work: str) -> dict:
+    from stormdrop import ModelOptions, tune_model
+    from stormdrop.model.bench import tuned_build
+    from stormdrop.model.run import (
+        interleaved,
+        max_abs_diff,
+        model_timer,
+        num_cores,
+        random_inputs,
+        run_model,
+    )
+    from stormdrop.model.runtimes import onnxruntime_timer, openvino_timer
+    from stormdrop.storage.database import Database
+    from stormdrop.workloads.models import load_model
+
+    model = load_model(spec, resolution=args.resolution, seed=args.seed)
+    db_path = os.path.join(work, f"{os.path.basename(spec)}.db")
+    arms = dict(zip(("default", "changed"), changed_lowering(args.change)))
+    for arm, trials in (("default", args.trials), ("changed", args.change_trials)):
+        tune_model(model, ModelOptions(trials=trials, seed=args.seed, lowering=arms[arm]), target=target, db=db_path)
+    inputs = random_inputs(model, args.seed)
+    ref, ort = onnxruntime_timer(model.onnx_model, inputs, num_cores(target))
+    timers, out = {"onnxruntime": ort}, {"model": os.path.basename(spec), "diff": {}, "rows": {}}
+    ov = openvino_timer(model.onnx_model, inputs, num_cores(target))
+    if ov is not None:
+        timers["openvino"] = ov[1]
+    with Database(db_path, read_only=True) as db:
+        for arm, lowering in arms.items():
+            ex, rows = tuned_build(model, db, target, lowering=lowering, deployed=False)
+            outs, _ = run_model(ex, inputs, target, time_it=False)
+            err, scale = max_abs_diff(outs, ref)
+            out["diff"][arm] = err / scale
+            out["rows"][arm] = {r.name: (r.weight, r.latency_s, r.trials) for r in rows}
+            timers[arm] = model_timer(ex, inputs, target)
+    out["latency_s"] = interleaved(timers, rounds=args.rounds)
+    return out
+
+
+def row(r: dict) -> list[str]:
+    lat, rows = r["latency_s"], r["rows"]
+    only = {arm: [n for n in rows[arm] if n not in rows[other]]
+            for arm, other in (("default", "changed"), ("changed", "default"))}
+
+    def stored(arm: str) -> str:
+        secs = [rows[arm][n][0] * rows[arm][n][1] for n in only[arm] if rows[arm][n][1]]
+        return f"{sum(secs) * 1e3:.3f}" if secs else "-"
+
+    ov = lat.get("openvino")
+    return [r["model"], str(len(rows["default"])), f"{len(only['default'])} / {len(only['changed'])}",
+            f"{stored('default')} / {stored('changed')}", f"{lat['default'] * 1e3:.3f}", f"{lat['changed'] * 1e3:.3f}",
+            f"{lat['changed'] / lat['default']:.3f}", f"{lat['onnxruntime'] * 1e3:.3f}",
+            f"{ov * 1e3:.3f}" if ov else "n/a", f"{lat['onnxruntime'] / lat['default']:.2f}x",
+            f"{max(r['diff'].values()):.1e}"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _peers import each_row, machine, publish, table
+
+    from stormdrop.target import canonical, host_target
+
+    target = host_target()
+    key = canonical(target)
+    changed_lowering(args.change)  # a bad field fails before any tuning
+    with tempfile.TemporaryDirectory(prefix="bench-same-db-") as work:
+        _, rows = each_row(args.models, lambda spec: bench_one(spec, args, target, work), row, args.json, key, "models")
+    lines = ["", f"## Same database, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
+             f"- machine: {machine()}; target: `{key}`", f"- command: `{' '.join(sys.argv)}`",
+             f"- each model tuned with the default lowering ({args.trials} trials), then with `{args.change}` "
+             f"({args.change_trials} more trials) into the same database; both builds from its best records; "
+             "kernels only in one build: the tasks one lowering has and the other has not, their weight x stored "
+             f"latency summed; latencies in ms: median of {args.rounds} rounds in which the four take turns; max "
+             "diff: both builds' outputs against ONNX Runtime's, relative to their scale", "", *table(HEADER, rows)]
+    publish(lines, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
