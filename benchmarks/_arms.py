@@ -13,6 +13,8 @@ _ARMS = {"cold_tuned": ("tuned with the caches flushed (--cache-flush", "tuned w
                             "padded columns / as lowered", False, "padded columns"),
          "select_concat": ("tuned with concatenations as TVM writes them (--concat-copies ab", "copies",
                            "TVM's / copies", False, "TVM's concatenations"),
+         "concat_copies": ("tuned with concatenations alone as copies (--concat-copies ab", "as TVM writes them",
+                           "copies / TVM's", False, "concatenations as copies"),
          "direct": ("tuned with every convolution direct (--winograd-ab", "as lowered", "direct / as lowered", False,
                     "direct"),
          "no_hub": ("tuned without the schedule hub (--hub ab", "with the hub", "no hub / hub", False, "no hub"),

@@ -64,9 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pad-columns", default="off", choices=["on", "off", "ab"],
                    help="products with constant weights whose column count is no multiple of the vector width "
                         "computed over zero-weight columns (on), not (off, the library's default), or both (ab)")
-    p.add_argument("--concat-copies", default="on", choices=["on", "off", "ab"],
-                   help="concatenations as one copy per input (on, the library's default), as TVM writes them "
-                        "(off), or both (ab)")
+    p.add_argument("--concat-copies", default="off", choices=["on", "off", "ab"],
+                   help="concatenations alone as one copy per input (on), as TVM writes them (off, the library's "
+                        "default), or both (ab)")
     p.add_argument("--cache-flush", default="auto", choices=["auto", "off", "on", "ab"],
                    help="stormdrop times candidates with the caches flushed (auto: the library's default, on "
                         "for CPUs), or tunes twice, without and with, both timed in turns with the peers (ab)")
@@ -139,7 +139,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
 
     lowering = Lowering(args.layout, winograd=args.winograd, pad_attention=args.pad_attention != "off",
                         pad_rows=args.pad_rows != "off", pad_columns=args.pad_columns == "on",
-                        concat_copies=args.concat_copies != "off")
+                        concat_copies=args.concat_copies == "on")
 
     size = ("seq_len", args.seq_len) if name in SEQUENCE_MODELS else ("resolution", args.resolution)
     kw = {size[0]: size[1]} if size[1] else {}
@@ -217,8 +217,8 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             arms.append(("unpadded_rows", {"lowering": dataclasses.replace(lowering, pad_rows=False)}))
         if args.pad_columns == "ab":  # the same tuning, constant-weight products over padded columns
             arms.append(("padded_columns", {"lowering": dataclasses.replace(lowering, pad_columns=True)}))
-        if args.concat_copies == "ab":  # the same tuning, concatenations as TVM writes them
-            arms.append(("select_concat", {"lowering": dataclasses.replace(lowering, concat_copies=False)}))
+        if args.concat_copies == "ab":  # the same tuning, concatenations alone as copies
+            arms.append(("concat_copies", {"lowering": dataclasses.replace(lowering, concat_copies=True)}))
         if args.winograd_ab:  # the same tuning, every convolution direct
             arms.append(("direct", {"lowering": dataclasses.replace(lowering, winograd="off")}))
         if args.hub == "ab":  # the same tuning without the schedule hub

@@ -62,13 +62,15 @@ def bench_one(spec: str, args: argparse.Namespace, target, work: str) -> dict:
         run_model,
     )
     from stormdrop.model.runtimes import onnxruntime_timer, openvino_timer
+    from stormdrop.model.tune import extract_tasks
     from stormdrop.storage.database import Database
     from stormdrop.workloads.models import load_model
 
     model = load_model(spec, resolution=args.resolution, seed=args.seed)
     db_path = os.path.join(work, f"{os.path.basename(spec)}.db")
     arms = dict(zip(("default", "changed"), changed_lowering(args.change)))
-    for arm, trials in (("default", args.trials), ("changed", args.change_trials)):
+    # a trial cap counts the records a database holds for the model's tasks: the second tune's is the sum
+    for arm, trials in (("default", args.trials), ("changed", args.trials + args.change_trials)):
         tune_model(model, ModelOptions(trials=trials, seed=args.seed, lowering=arms[arm]), target=target, db=db_path)
     inputs = random_inputs(model, args.seed)
     ref, ort = onnxruntime_timer(model.onnx_model, inputs, num_cores(target))
@@ -77,12 +79,18 @@ def bench_one(spec: str, args: argparse.Namespace, target, work: str) -> dict:
     if ov is not None:
         timers["openvino"] = ov[1]
     with Database(db_path, read_only=True) as db:
+        note = db.model_notes().get(model.name, {})
         for arm, lowering in arms.items():
+            # both as the tunes lowered them (a trial cap that kept every convolution direct: the last
+            # tune's note, which the other arm's tasks do not match, so tuned_build would not apply it)
+            lowering = lowering.as_tuned(note)
             ex, rows = tuned_build(model, db, target, lowering=lowering, deployed=False)
+            _, tasks = extract_tasks(model, target, lowering)
+            ids = [getattr(db.find_workload(k.mod), "workload_id", k.name) for k, _ in tasks]
             outs, _ = run_model(ex, inputs, target, time_it=False)
             err, scale = max_abs_diff(outs, ref)
             out["diff"][arm] = err / scale
-            out["rows"][arm] = {r.name: (r.weight, r.latency_s, r.trials) for r in rows}
+            out["rows"][arm] = {str(i): (r.name, r.weight, r.latency_s, r.trials) for i, r in zip(ids, rows)}
             timers[arm] = model_timer(ex, inputs, target)
     out["latency_s"] = interleaved(timers, rounds=args.rounds)
     return out
@@ -94,7 +102,7 @@ def row(r: dict) -> list[str]:
             for arm, other in (("default", "changed"), ("changed", "default"))}
 
     def stored(arm: str) -> str:
-        secs = [rows[arm][n][0] * rows[arm][n][1] for n in only[arm] if rows[arm][n][1]]
+        secs = [rows[arm][n][1] * rows[arm][n][2] for n in only[arm] if rows[arm][n][2]]
         return f"{sum(secs) * 1e3:.3f}" if secs else "-"
 
     ov = lat.get("openvino")

@@ -47,6 +47,7 @@ class Lowering:
     Off by default until measured on models.
     ``concat_copies``: concatenations that fusion leaves alone as one vectorizable copy per input
     into its slice of the output (``concat``) instead of TVM's per-element choice of input, on CPUs.
+    Off by default: faster as kernels, not yet inside models.
     """
 
     layout: str = "auto"
@@ -57,7 +58,7 @@ class Lowering:
     pad_attention: bool = True
     pad_rows: bool = True
     pad_columns: bool = False
-    concat_copies: bool = True
+    concat_copies: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
