@@ -40,7 +40,7 @@ def copies(shapes: list[list[int]], axis: int, dtype: str) -> tvm.tirx.PrimFunc:
                         T.writes(out[tuple(to)])
                         T.buffer_store(out, x[tuple(at)], to)
                 offset += shape[axis]
-    return ib.get().without_attr("global_symbol")  # named by the module it is added to
+    return ib.get().without_attr("global_symbol")  # as_copies gives it the kernel's own attributes
 
 
 def _concat_shapes(func: tvm.tirx.PrimFunc) -> tuple[list[list[int]], int, str] | None:
