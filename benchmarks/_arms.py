@@ -24,19 +24,63 @@ _ARMS = {"cold_tuned": ("tuned with the caches flushed (--cache-flush", "tuned w
                          "other prior / shipped", False, "other prior")}
 
 
-def storm_fields(spec: str) -> dict:
-    """``FIELD=VALUE[,FIELD=VALUE]`` as StormConfig fields, each value of its field's type."""
-    from stormdrop.search.storm import StormConfig
-
-    defaults, out = StormConfig(), {}
+def fields(spec: str, defaults, flag: str) -> dict:
+    """``FIELD=VALUE[,FIELD=VALUE]`` as fields of the dataclass value ``defaults``, each value of its
+    field's type (a bool: true for 1, true or yes); a field it does not have ends the script."""
+    out = {}
     for item in filter(None, spec.split(",")):
         name, _, value = item.partition("=")
         if not hasattr(defaults, name):
-            raise SystemExit(f"--storm-ab: StormConfig has no field {name!r}")
+            raise SystemExit(f"{flag}: {type(defaults).__name__} has no field {name!r}")
         kind = type(getattr(defaults, name))
         out[name] = value.lower() in ("1", "true", "yes") if kind is bool else \
             (value if kind in (str, type(None)) else kind(value))
     return out
+
+
+def storm_fields(spec: str) -> dict:
+    """``FIELD=VALUE[,FIELD=VALUE]`` as StormConfig fields (``fields``)."""
+    from stormdrop.search.storm import StormConfig
+
+    return fields(spec, StormConfig(), "--storm-ab")
+
+
+# Lowering switches of bench_models.py: field -> (its A/B arm's key, the flag's help). Each is a flag
+# --FIELD on|off|ab, its default the library's; ab tunes once more with the field flipped.
+LOWERING_SWITCHES = {
+    "pad_attention": ("unpadded", "stormdrop computes attentions over a badly tiling sequence at a padded length"),
+    "pad_rows": ("unpadded_rows", "matrix products whose row count tiles badly computed over padded rows"),
+    "pad_columns": ("padded_columns", "products with constant weights whose column count is no multiple of the "
+                    "vector width computed over zero-weight columns"),
+    "concat_copies": ("concat_copies", "concatenations alone as one copy per input"),
+}
+
+
+def add_lowering_switches(p) -> None:
+    """The ``LOWERING_SWITCHES`` flags of an argument parser."""
+    from stormdrop.lowering.pipeline import Lowering
+
+    for field, (_, what) in LOWERING_SWITCHES.items():
+        default = "on" if getattr(Lowering(), field) else "off"
+        p.add_argument("--" + field.replace("_", "-"), default=default, choices=["on", "off", "ab"],
+                       help=f"{what} (on), not (off), or both, timed in turns with the peers (ab); default: "
+                            "the library's")
+
+
+def lowering_switches(args) -> dict:
+    """The ``Lowering`` fields the flags set: on, off, or the library's default under ab."""
+    from stormdrop.lowering.pipeline import Lowering
+
+    return {field: {"on": True, "off": False}.get(getattr(args, field), getattr(Lowering(), field))
+            for field in LOWERING_SWITCHES}
+
+
+def lowering_arms(args, lowering) -> list[tuple[str, dict]]:
+    """The A/B arms of the switches given as ab: (key, {"lowering": ``lowering`` with the field flipped})."""
+    import dataclasses
+
+    return [(key, {"lowering": dataclasses.replace(lowering, **{field: not getattr(lowering, field)})})
+            for field, (key, _) in LOWERING_SWITCHES.items() if getattr(args, field) == "ab"]
 
 
 _STORM = "storm "  # a --storm-ab arm's result key: this and its FIELD=VALUE spec

@@ -55,18 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="also tune with every convolution direct (Lowering winograd='off'), timed in turns")
     p.add_argument("--in-model-candidates", type=int, default=1,
                    help="stormdrop's in-model choice among each task's K best records (1: off, the default)")
-    p.add_argument("--pad-attention", default="on", choices=["on", "off", "ab"],
-                   help="stormdrop computes attentions over a badly tiling sequence at a padded length (on, "
-                        "the default), at their own (off), or tunes both, timed in turns with the peers (ab)")
-    p.add_argument("--pad-rows", default="on", choices=["on", "off", "ab"],
-                   help="matrix products whose row count tiles badly computed over padded rows (ab: both, "
-                        "the unpadded arm tuned as long again)")
-    p.add_argument("--pad-columns", default="off", choices=["on", "off", "ab"],
-                   help="products with constant weights whose column count is no multiple of the vector width "
-                        "computed over zero-weight columns (on), not (off, the library's default), or both (ab)")
-    p.add_argument("--concat-copies", default="off", choices=["on", "off", "ab"],
-                   help="concatenations alone as one copy per input (on), as TVM writes them (off, the library's "
-                        "default), or both (ab)")
+    _arms.add_lowering_switches(p)
     p.add_argument("--cache-flush", default="auto", choices=["auto", "off", "on", "ab"],
                    help="stormdrop times candidates with the caches flushed (auto: the library's default, on "
                         "for CPUs), or tunes twice, without and with, both timed in turns with the peers (ab)")
@@ -137,9 +126,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
     from stormdrop.workloads.models import load_model
     from stormdrop.workloads.zoo import SEQUENCE_MODELS
 
-    lowering = Lowering(args.layout, winograd=args.winograd, pad_attention=args.pad_attention != "off",
-                        pad_rows=args.pad_rows != "off", pad_columns=args.pad_columns == "on",
-                        concat_copies=args.concat_copies == "on")
+    lowering = Lowering(args.layout, winograd=args.winograd, **_arms.lowering_switches(args))
 
     size = ("seq_len", args.seq_len) if name in SEQUENCE_MODELS else ("resolution", args.resolution)
     kw = {size[0]: size[1]} if size[1] else {}
@@ -211,14 +198,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
         arms = []
         if args.cache_flush == "ab":  # the same tuning, candidates timed with the caches flushed
             arms.append(("cold_tuned", {"cache_flush": True}))
-        if args.pad_attention == "ab":  # the same tuning, attentions at their own length
-            arms.append(("unpadded", {"lowering": dataclasses.replace(lowering, pad_attention=False)}))
-        if args.pad_rows == "ab":  # the same tuning, matrix products at their own row count
-            arms.append(("unpadded_rows", {"lowering": dataclasses.replace(lowering, pad_rows=False)}))
-        if args.pad_columns == "ab":  # the same tuning, constant-weight products over padded columns
-            arms.append(("padded_columns", {"lowering": dataclasses.replace(lowering, pad_columns=True)}))
-        if args.concat_copies == "ab":  # the same tuning, concatenations alone as copies
-            arms.append(("concat_copies", {"lowering": dataclasses.replace(lowering, concat_copies=True)}))
+        arms += _arms.lowering_arms(args, lowering)  # the same tuning, one lowering switch flipped
         if args.winograd_ab:  # the same tuning, every convolution direct
             arms.append(("direct", {"lowering": dataclasses.replace(lowering, winograd="off")}))
         if args.hub == "ab":  # the same tuning without the schedule hub

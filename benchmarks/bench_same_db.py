@@ -27,7 +27,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", required=True, help="comma-separated zoo names and .onnx paths")
     p.add_argument("--resolution", type=int, default=None, help="image models' input size (default: the paper's)")
-    p.add_argument("--change", required=True, help="FIELD=VALUE: the Lowering field the second build changes")
+    p.add_argument("--change", required=True, help="FIELD=VALUE: the Lowering field the second build changes "
+                   "(a bool: true or false)")
     p.add_argument("--trials", type=int, default=128, help="the first tune's global trial budget")
     p.add_argument("--change-trials", type=int, default=64, help="the second tune's global trial budget")
     p.add_argument("--rounds", type=int, default=7)
@@ -38,16 +39,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def changed_lowering(spec: str):
-    """``FIELD=VALUE`` as the default ``Lowering`` with that field changed (the value of its type)."""
+    """The default ``Lowering`` and that with the ``FIELD=VALUE`` of ``spec`` (``_arms.fields``)."""
+    from _arms import fields
+
     from stormdrop.lowering.pipeline import Lowering
 
-    name, _, value = spec.partition("=")
     default = Lowering()
-    if not hasattr(default, name):
-        raise SystemExit(f"--change: Lowering has no field {name!r}")
-    kind = type(getattr(default, name))
-    parsed = value.lower() in ("1", "true", "yes", "on") if kind is bool else kind(value)
-    return default, dataclasses.replace(default, **{name: parsed})
+    return default, dataclasses.replace(default, **fields(spec, default, "--change"))
 
 
 def bench_one(spec: str, args: argparse.Namespace, target, work: str) -> dict:
