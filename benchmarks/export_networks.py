@@ -128,6 +128,18 @@ def _vit_b_16():  # 197 tokens, as timm's ViT-S/16, at 768 features
     return _torchvision().models.vit_b_16(), _image(224)
 
 
+@network("mobilenet_v3_small", "full")
+def _mbv3_small():
+    return _torchvision().models.mobilenet_v3_small(), _image(224)
+
+
+@network("gernet_s", "full")
+def _gernet_s():  # timm's GENet: ResNet-style basic and bottleneck blocks, then 1x1 / depthwise stages
+    import timm
+
+    return timm.create_model("gernet_s", pretrained=False), _image(224)
+
+
 @network("vit_small", "full")
 def _vit_small():
     import timm

@@ -7,7 +7,8 @@ import pytest
 import tvm
 
 from stormdrop.search import prior
-from stormdrop.search.storm import Storm, StormConfig, new_xgb_model
+from stormdrop.search.cost_model import new_xgb_model
+from stormdrop.search.storm import Storm, StormConfig
 from stormdrop.target import host_target
 from stormdrop.workloads import parse_kernel
 
@@ -52,22 +53,22 @@ def test_prior_ranks_held_out_kernels_better_than_chance():
     leave-one-kernel-out when the prior held the kernels only, which is what this does then)."""
     from scipy.stats import spearmanr
 
-    import stormdrop.search.storm as storm_mod
+    import stormdrop.search.cost_model as cost_model
 
     groups = prior.load()
     kernels = [g for g in groups if "/" not in g.name]
     tasks = [g for g in groups if "/" in g.name]
     target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
-    storm_mod._PRIOR_CACHE.clear()
+    cost_model._PRIOR_CACHE.clear()
     shared = new_xgb_model(target, tasks) if tasks else None
     rhos = []
     for held in kernels:
-        storm_mod._PRIOR_CACHE.clear()
+        cost_model._PRIOR_CACHE.clear()
         model = shared or new_xgb_model(target, [g for g in kernels if g is not held])
         pred = model._predict(xs=held.features)
         ok = held.costs < 1e9
         rhos.append(spearmanr(pred[ok], -held.costs[ok]).statistic)
-    storm_mod._PRIOR_CACHE.clear()
+    cost_model._PRIOR_CACHE.clear()
     assert np.mean(rhos) > 0.1, rhos
 
 
@@ -77,10 +78,10 @@ def test_storm_with_prior_predicts_before_any_measurement():
     storm = Storm(kernel.mod, host_target(), trials=16, seed=0, config=StormConfig(population_size=32, prior=True))
     cands = storm.propose()
     assert cands
-    a, b = storm.predict(cands), storm.predict(cands)
+    a, b = storm.model.predict(cands), storm.model.predict(cands)
     assert a == b  # a trained model, not MetaSchedule's random scores of a cold one
     cold = Storm(kernel.mod, host_target(), trials=16, seed=0, config=StormConfig(population_size=32, prior=False))
-    assert cold.predict(cands) != cold.predict(cands)
+    assert cold.model.predict(cands) != cold.model.predict(cands)
     storm.close()
     cold.close()
 
@@ -96,7 +97,7 @@ def test_the_cost_model_trains_only_when_it_is_used():
     cands = source.propose()
     source.close()
     storm = Storm(kernel.mod, host_target(), trials=8, seed=0, config=StormConfig(population_size=16, prior_alone=0))
-    model = storm.cost_model
+    model = storm.model.ms_model
     start = model.data_size  # the prior's samples, when there is one
 
     def trained() -> int:  # what the model was trained on of this workload
@@ -104,8 +105,8 @@ def test_the_cost_model_trains_only_when_it_is_used():
 
     storm.absorb(cands[:3], [MeasureResult(run_secs=(1e-5 * (i + 1),) * 2) for i in range(3)])
     storm.absorb(cands[3:5], [MeasureResult(run_secs=(2e-5,) * 2)] * 2)
-    assert trained() == 0 and storm.measured == 5 and storm.remaining == 3
-    storm.predict(cands[:2])
+    assert trained() == 0 and storm.model.measured == 5 and storm.remaining == 3
+    storm.model.predict(cands[:2])
     assert trained() == 5  # both transfers at once, when first used
     batch = storm.propose(limit=2)
     assert len(batch) == 2 and trained() == 5
@@ -137,13 +138,13 @@ def test_a_large_prior_ranks_alone_until_the_workload_has_its_own_measurements(t
     source.close()
     storm = Storm(kernel.mod, host_target(), trials=8, seed=0,
                   config=StormConfig(population_size=16, prior_file=str(path), prior_alone=4))
-    model = storm.cost_model
+    model = storm.model.ms_model
     assert model.data_size == 20  # the booster learnt all 60 schedules; retraining keeps the first group's
-    first = storm.predict(cands[:4])
+    first = storm.model.predict(cands[:4])
     storm.absorb(cands[:3], [MeasureResult(run_secs=(1e-5 * (i + 1),) * 2) for i in range(3)])
-    assert storm.predict(cands[:4]) == first and model.data_size == 20  # 3 of its own: the prior alone
+    assert storm.model.predict(cands[:4]) == first and model.data_size == 20  # 3 of its own: the prior alone
     storm.absorb(cands[3:5], [MeasureResult(run_secs=(2e-5,) * 2)] * 2)
-    storm.predict(cands[:4])
+    storm.model.predict(cands[:4])
     assert model.data_size == 25  # 5 >= 4: retrained on the retrain group and all five
     storm.close()
 
@@ -178,9 +179,9 @@ def test_prior_picks_the_first_batch_from_a_larger_random_pool():
     plain = Storm(kernel.mod, host_target(), trials=12, seed=3, config=StormConfig(prior=True, prior_pool=1, **cfg))
     top, first = ranked.propose(), plain.propose()
     assert len(top) == len(first) == 6
-    scores = ranked.predict(top)
+    scores = ranked.model.predict(top)
     assert scores == sorted(scores, reverse=True)
-    assert np.mean(scores) > np.mean(ranked.predict(first))  # a pool of 24 beats its first 6 at random
+    assert np.mean(scores) > np.mean(ranked.model.predict(first))  # a pool of 24 beats its first 6 at random
     ranked.close()
     plain.close()
 

@@ -300,8 +300,9 @@ def test_with_a_prior_reuse_measures_the_nearest_donors_best_then_what_the_prior
     measured (no more than there are donors). The default, transfer_pool=1: the nearest donors'
     best records, in donor order, no ranking."""
     from stormdrop.records import MeasureResult, Record
+    from stormdrop.search.cost_model import CostModel
     from stormdrop.search.space import Candidate
-    from stormdrop.search.storm import Storm, StormConfig
+    from stormdrop.search.storm import StormConfig
     from stormdrop.target import canonical
 
     ranked = []
@@ -310,7 +311,7 @@ def test_with_a_prior_reuse_measures_the_nearest_donors_best_then_what_the_prior
         ranked.append([c.key for c in cands])
         return [float(i) for i in range(len(cands))]  # the last one the fastest
 
-    monkeypatch.setattr(Storm, "predict", predict)
+    monkeypatch.setattr(CostModel, "predict", predict)
     db = tmp_path / "d.db"
     with Database(db) as d:
         for shape in ("M=64,N=64,K=64", "M=32,N=64,K=96", "M=96,N=48,K=64"):

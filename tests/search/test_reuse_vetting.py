@@ -22,7 +22,7 @@ from stormdrop.workloads import parse_kernel
 
 
 class _Storm:
-    """A storm whose prior scores candidates by name and whose picks are given."""
+    """A storm whose picks are given, and a cost model whose prior scores candidates by name."""
 
     ranks = True
 
@@ -39,7 +39,7 @@ class _Storm:
 
 def _vetted(scores, transfers, picks, share=0.5, vet=True, exact=frozenset()):
     storm = _Storm(scores, picks)
-    reuse = Reuse(None, SimpleNamespace(name="task"), "llvm", storm, budget=len(transfers),
+    reuse = Reuse(None, SimpleNamespace(name="task"), "llvm", storm, storm, budget=len(transfers),
                   config=replace(StormConfig(), transfer_vetting=share), vet=vet)
     return [c.key for c in reuse._vetted([SimpleNamespace(key=k) for k in transfers], set(exact))], storm.asked
 

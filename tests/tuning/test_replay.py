@@ -149,7 +149,7 @@ def test_the_priors_picks_keep_their_trials_beside_the_transfers(tmp_path, picks
         drive([TaskTuner(donor, trials=4, exploit_trials=0)], [donor], [1], Budget(), seed=0)
         search = SearchOptions(storm=replace(StormConfig(), prior_picks=picks))
         tuner = TaskTuner(task, trials=2, exploit_trials=0, search=search)
-        assert tuner.step() and tuner.storm.ranks  # the x86 prior
+        assert tuner.step() and tuner.model.ranks  # the x86 prior
         while tuner.step():
             pass
         tally = task.tally()

@@ -1,8 +1,8 @@
 """The reuse phase as a search phase (``search.phases.SearchPhase``): the transfers that
 ``search.reuse`` makes from same-class donor workloads, proposed once, before the storm; told
 their results, it hands them to the storm, whose cost model learns them, whose population
-starts from them and whose budget pays for them. It reads donors' records and measures and
-stores nothing."""
+starts from them and whose budget pays for them. The task's cost model ranks and vets them.
+It reads donors' records and measures and stores nothing."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from functools import partial
 
 from stormdrop.records import MeasureResult
+from stormdrop.search.cost_model import CostModel
 from stormdrop.search.space import Candidate
 from stormdrop.search.storm import Storm, StormConfig
 from stormdrop.storage.database import Database, WorkloadEntry
@@ -22,11 +23,12 @@ log = logging.getLogger("stormdrop")
 class Reuse:
     """At most ``budget`` transfers to ``entry`` from the same-class workloads of ``db`` and
     ``donors`` on ``target_key``, chosen as ``config`` says (the donors' order, a pool ranked by
-    ``storm``'s cost model when it has a prior, moves into the sketches); proposed once."""
+    the task's cost ``model`` when it has a prior, moves into ``storm``'s sketches); proposed once."""
 
-    def __init__(self, db: Database, entry: WorkloadEntry, target_key: str, storm: Storm, *, budget: int,
-                 donors: Sequence[Database] = (), config: StormConfig | None = None, vet: bool = False) -> None:
-        self.db, self.entry, self.target_key, self.storm = db, entry, target_key, storm
+    def __init__(self, db: Database, entry: WorkloadEntry, target_key: str, storm: Storm, model: CostModel, *,
+                 budget: int, donors: Sequence[Database] = (), config: StormConfig | None = None,
+                 vet: bool = False) -> None:
+        self.db, self.entry, self.target_key, self.storm, self.model = db, entry, target_key, storm, model
         self.budget, self.donors, self.vet = budget, tuple(donors), vet
         self.config = config or StormConfig()
         self.done = False
@@ -43,7 +45,7 @@ class Reuse:
         if budget <= 0:
             return None
         cfg, storm = self.config, self.storm
-        pool = max(1, cfg.transfer_pool) if storm.ranks else 1
+        pool = max(1, cfg.transfer_pool) if self.model.ranks else 1
         sketches = cfg.transfer_sketches
         exact: set[str] = set()
         groups = transfers(self.db, self.entry, self.target_key, storm.ctx.space_generator.postprocs,
@@ -52,7 +54,7 @@ class Reuse:
                            enough=budget if sketches and pool == 1 else 0, sketch_donors=cfg.sketch_donors, exact=exact)
         if not groups:
             return None
-        rank = partial(storm.predict, learn=False) if pool > 1 else None
+        rank = partial(self.model.predict, learn=False) if pool > 1 else None
         return self._vetted(chosen_transfers(groups, budget, rank, whole=sketches), exact)
 
     def _vetted(self, picks: list[Candidate], exact: set[str] = frozenset()) -> list[Candidate]:
@@ -62,10 +64,10 @@ class Reuse:
         briefly can hand on a schedule many times slower than a random one. Schedules of this very
         workload (``exact``: the hub's, another database's) are never replaced."""
         share, storm = self.config.transfer_vetting, self.storm
-        if not self.vet or share <= 0 or not storm.ranks or not picks or all(c.key in exact for c in picks):
+        if not self.vet or share <= 0 or not self.model.ranks or not picks or all(c.key in exact for c in picks):
             return picks
         rivals = storm.rivals(sum(c.key not in exact for c in picks))
-        scores = storm.predict(picks + rivals, learn=False)
+        scores = self.model.predict(picks + rivals, learn=False)
 
         def merit(i: int) -> float:  # a pick must score above a transfer's score / share
             if i < len(picks):

@@ -3,7 +3,8 @@
 The storm proposes batches of candidates and is told their results; it never
 builds or runs anything. Under the hood it is Ansor's method as MetaSchedule
 implements it: sketches from the ``post-order-apply`` design space, random
-annotation, evolution guided by an XGBoost model over per-store features.
+annotation, evolution guided by the task's cost model (``cost_model.CostModel``,
+an XGBoost model over per-store features, shared with reuse and the raindrop).
 Its parameters are tuned for small budgets (the per-trial overhead of the
 search is part of the user's wait): a smaller population, and, on x86, a cost
 model that predicts from the first batch on (``prior.py``: it starts trained on
@@ -18,13 +19,12 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import tvm
 import tvm.s_tir.meta_schedule as ms
 from tvm.target import Target
 
 from stormdrop.records import MeasureResult, Phase
-from stormdrop.search import prior
+from stormdrop.search.cost_model import CostModel, to_runner_result
 from stormdrop.search.space import Candidate
 from stormdrop.target import num_cores, physical_cores
 from stormdrop.tvm_compat.intrinsics import (
@@ -127,55 +127,14 @@ def tensor_cores(target: Target) -> bool:
     return arch.startswith("sm_") and arch[3:5].isdigit() and int(arch[3:5]) >= 70
 
 
-_PRIOR_CACHE: dict[str, tuple[list, object]] = {}
-
-
-def new_xgb_model(target: Target, groups: list[prior.PriorGroup] = (), *,
-                  warmup: int = 16) -> ms.cost_model.XGBModel:
-    """An XGBoost cost model; trained on ``groups`` (a prior) when given, else cold.
-
-    With a prior the model predicts from the first batch, trained on every group; when it
-    retrains (``Storm._trained``) it learns the groups marked ``retrain`` with the workload's
-    own measurements, so a large prior ranks the cold start without drowning the workload's
-    own data or slowing every update. MetaSchedule's adaptive training is off: it would skip
-    every update smaller than a fifth of the data, i.e. every update of this workload.
-    """
-    from tvm.s_tir.meta_schedule.cost_model.xgb_model import FeatureGroup
-
-    cores = int(target.attrs.get("num-cores", 1)) if target.kind.name == "llvm" else None
-    model = ms.cost_model.XGBModel(num_warmup_samples=0 if groups else warmup, num_tuning_cores=cores,
-                                   adaptive_training=not groups, verbose_eval=10**9)
-    if not groups:
-        return model
-    key = ",".join(g.name for g in groups)
-    if key not in _PRIOR_CACHE:
-        data = [FeatureGroup("prior:" + g.name, list(g.features), g.costs) for g in groups]
-        xs = [f for g in data for f in g.features]
-        ys = np.concatenate([np.divide(g.min_cost, g.costs, out=np.zeros_like(g.costs), where=g.costs != 0)
-                             for g in data])
-        model._train(xs=xs, ys=ys)  # noqa: SLF001 - MetaSchedule's training on our data groups
-        _PRIOR_CACHE[key] = (data, model.booster)
-    data, booster = _PRIOR_CACHE[key]
-    for g, group in zip(data, groups):  # shared read-only: updates only append to this workload's group
-        if group.retrain:
-            model.data[g.group_hash] = g
-            model.data_size += len(g.costs)
-    model.booster = booster
-    return model
-
-
-def to_runner_result(result: MeasureResult) -> ms.runner.RunnerResult:
-    if result.ok:
-        return ms.runner.RunnerResult(run_secs=list(result.run_secs), error_msg=None)
-    return ms.runner.RunnerResult(run_secs=None, error_msg=f"{result.error.value}: {result.error_msg}")
-
-
 class Storm:
     """Ask/tell wrapper around MetaSchedule's EvolutionarySearch for one workload."""
 
     def __init__(self, mod: tvm.IRModule, target: Target, *, trials: int, seed: int,
                  config: StormConfig | None = None,
-                 history: list[tuple[Candidate, MeasureResult]] = ()) -> None:
+                 history: list[tuple[Candidate, MeasureResult]] = (), model: CostModel | None = None) -> None:
+        """``model``: the task's cost model, shared with its other phases (default: one of the
+        storm's own, as ``config`` says); ``history``: the stored measurements, learnt first."""
         self.config = cfg = config or StormConfig()
         # On a GPU most random schedules fail MetaSchedule's checks (threads, shared memory): asking
         # for 64 valid ones of 128 ended the storm of a conv on an H100 after 28 of its 64 trials
@@ -191,16 +150,10 @@ class Storm:
         self.mod, self.target, self.seed = mod, target, seed
         self.database = ms.database.MemoryDatabase()
         self.workload = self.database.commit_workload(mod)
-        if cfg.cost_model == "xgb":
-            groups = prior.for_target(target, cfg.prior_file) if cfg.prior else []
-            self.cost_model = new_xgb_model(target, groups, warmup=cfg.batch_size)
-        else:
-            self.cost_model = ms.cost_model.CostModel.create(cfg.cost_model)
+        self.model = model if model is not None else CostModel(self.ctx, cfg)
         self._pending: list[ms.MeasureCandidate] = []
         self.remaining = trials
-        self.measured = 0  # measurements of this workload the model has been told
-        self.explored = 0  # of those, the storm's own (random or evolved), stored or told
-        self._untrained: tuple[list, list] = ([], [])  # told, not yet trained on (see ``_trained``)
+        self.explored = 0  # measurements of the storm's own (random or evolved), stored or told
         self._seen: set[str] = set()  # keys of candidates proposed or learnt
         self._learn(history)
         self._cold_ctx: ms.TuneContext | None = None
@@ -212,14 +165,14 @@ class Storm:
             # ``remaining`` ends the storm; the slack allows four short rounds.
             self.ctx.pre_tuning(max_trials=trials + 4 * cfg.batch_size, num_trials_per_iter=cfg.batch_size,
                                 design_spaces=spaces,
-                                database=self.database, cost_model=self.cost_model)
+                                database=self.database, cost_model=self.model.ms_model)
             if self._cold():
                 # While the cost model still answers with random numbers (its warm-up), evolving a
                 # population against it is wasted work (two orders of magnitude more than
                 # sampling): sample the design space at random instead, as the
                 # evolution's own initial population does. A prior ranks a larger random pool.
                 # One thread: the same seed draws the same first batch (sampling 128 is cheap).
-                pool = cfg.batch_size * (max(1, cfg.prior_pool) if self._prior else 1)
+                pool = cfg.batch_size * (max(1, cfg.prior_pool) if self.model.ranks else 1)
                 self._cold_ctx = self._sampler(pool, max(trials, pool), self.database)
 
     def _sampler(self, per_draw: int, max_trials: int, database: object) -> ms.TuneContext:
@@ -239,28 +192,17 @@ class Storm:
             self._spaces = spaces
         return self._spaces
 
-    @property
-    def ranks(self) -> bool:
-        """Whether the cost model ranks with knowledge before any measurement (a prior)."""
-        return self._prior
-
-    @property
-    def _prior(self) -> bool:
-        return self.config.prior and isinstance(self.cost_model, ms.cost_model.XGBModel) \
-            and self.cost_model.num_warmup_samples == 0
-
     def _cold(self) -> bool:
         """True before the first batch is chosen by a model of this workload: while XGBoost predicts
         at random (before its warm-up samples), or, with a prior, before any own measurement."""
-        model = self.cost_model
-        if self._prior:
+        if self.model.ranks:
             # Reuse's transfers do not end it: evolving from a few transferred schedules (the only
             # measured members of the population) can keep a storm in their basin (nearly every
             # candidate with the donor's column tile, README "Storm after reuse"); a first batch of
             # the prior's picks among random samples shows the model, and the population, the rest
             # of the space.
             return self.explored == 0
-        return isinstance(model, ms.cost_model.XGBModel) and model.data_size < model.num_warmup_samples
+        return self.model.warming_up
 
     def _search(self) -> ms.TuneContext:
         """The context that proposes (and is told) the current batch: random while cold, else evolution."""
@@ -270,10 +212,9 @@ class Storm:
         """Warm start from stored measurements: seed the population and tell the model (trained when next used)."""
         if not history:
             return
-        cands = [c.measure_candidate for c, _ in history]
         self._seen.update(c.key for c, _ in history)
-        self._told(cands, [to_runner_result(r) for _, r in history])
-        self._commit(cands, [r for _, r in history])
+        self.model.tell([c for c, _ in history], [r for _, r in history])
+        self._commit([c.measure_candidate for c, _ in history], [r for _, r in history])
         self.explored += sum(c.phase == Phase.STORM for c, _ in history)
 
     def absorb(self, candidates: list[Candidate], results: list[MeasureResult],
@@ -282,23 +223,6 @@ class Storm:
         ``fresh`` ones only: a stored result was charged when it was measured)."""
         self._learn(list(zip(candidates, results)))
         self.remaining -= len(candidates) if fresh is None else sum(map(bool, fresh))
-
-    def _told(self, cands: list[ms.MeasureCandidate], results: list[ms.runner.RunnerResult]) -> None:
-        self._untrained[0].extend(cands)
-        self._untrained[1].extend(results)
-        self.measured += len(cands)
-
-    def _trained(self) -> ms.cost_model.CostModel:
-        """The cost model, trained on all it was told, when it is about to be used (with a prior:
-        once the workload has ``prior_alone`` measurements of its own). XGBoost retrains on the
-        prior's ``retrain`` groups and every measurement at each update (seconds on 2 cores): a
-        reuse-only run never uses the model, and reuse's transfers and the first storm batch are
-        one training, not two."""
-        cands, results = self._untrained
-        if cands and not (self._prior and self.measured < self.config.prior_alone):
-            self._untrained = ([], [])
-            self.cost_model.update(self.ctx, cands, results)
-        return self.cost_model
 
     def _commit(self, cands: list[ms.MeasureCandidate], results: list[MeasureResult]) -> None:
         for cand, result in zip(cands, results):
@@ -314,10 +238,10 @@ class Storm:
         """
         if self.remaining <= 0:
             return None
-        self._trained()  # the evolution ranks its population with the model
+        self.model.trained()  # the evolution ranks its population with the model
         pool = self._draw()
-        if self._prior and self._cold():
-            pool = self._ranked(pool)
+        if self.model.ranks and self._cold():
+            pool = self.model.ranked(pool)
         size = min(self.remaining, limit or self.remaining, self.config.batch_size)  # reuse came out of the budget
         self._pending, out = [], []
         for mc in pool:
@@ -347,31 +271,23 @@ class Storm:
         """Results of the last proposed batch, in the same order; ``fresh``: which of them were
         measured for it (the others were stored already and cost nothing; default: all)."""
         cands = self._pending
-        runner_results = [to_runner_result(r) for r in results]
-        self._search().notify_runner_results(cands, runner_results)
-        self._told(cands, runner_results)
+        self._search().notify_runner_results(cands, [to_runner_result(r) for r in results])
+        self.model.tell(candidates, results)
         self._commit(cands, results)
         self.explored += len(cands)
         self.remaining -= len(cands) if fresh is None else sum(map(bool, fresh))
         self._pending = []
 
-    def _ranked(self, pool: list[ms.MeasureCandidate]) -> list[ms.MeasureCandidate]:
-        """A random pool ordered by the prior, best first."""
-        if not pool:
-            return pool
-        scores = np.asarray(self._trained().predict(self.ctx, pool), dtype=float)
-        return [pool[i] for i in np.argsort(-scores, kind="stable")]
-
     def rivals(self, n: int) -> list[Candidate]:
         """The prior's top ``n`` picks among ``prior_pool`` x ``n`` new random samples, as storm
         candidates not proposed before (none without a prior): what reuse's transfers are vetted
         against. A pick measured in reuse's batch is the storm's own, learnt there (``absorb``)."""
-        if not self._prior or n <= 0:
+        if not self.model.ranks or n <= 0:
             return []
         size = max(1, self.config.prior_pool) * n
         ctx = self._sampler(size, size, ms.database.MemoryDatabase())
         try:
-            pool = self._ranked(list(ctx.generate_measure_candidates() or []))
+            pool = self.model.ranked(list(ctx.generate_measure_candidates() or []))
         finally:
             ctx.post_tuning()
         out: list[Candidate] = []
@@ -380,15 +296,6 @@ class Storm:
             if cand.key not in self._seen and len(out) < n:
                 out.append(cand)
         return out
-
-    def predict(self, candidates: list[Candidate], learn: bool = True) -> list[float]:
-        """Cost-model scores (higher is faster) for candidates of this workload; ``learn=False``: as
-        the model stands, without training first on what it was told since (see ``_trained``)."""
-        if not candidates:
-            return []
-        model = self._trained() if learn else self.cost_model
-        scores = model.predict(self.ctx, [c.measure_candidate for c in candidates])
-        return [float(s) for s in scores]
 
     def close(self) -> None:
         if self.remaining >= 0 and self._pending == []:

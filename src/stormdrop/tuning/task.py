@@ -21,11 +21,12 @@ from stormdrop import stop
 from stormdrop.measure.measurer import Measurer
 from stormdrop.records import MeasureResult, Phase, Record
 from stormdrop.report.history import Trial
+from stormdrop.search.cost_model import CostModel
 from stormdrop.search.options import SearchOptions
 from stormdrop.search.phases import SearchPhase
 from stormdrop.search.raindrop import Raindrop
 from stormdrop.search.space import Candidate, DecisionSpace
-from stormdrop.search.storm import Storm
+from stormdrop.search.storm import Storm, make_context
 from stormdrop.storage.database import Database, WorkloadEntry
 from stormdrop.target import canonical, vector_lanes
 from stormdrop.tuning.evaluation import Evaluation, evaluate_together
@@ -167,7 +168,8 @@ class TaskTuner:
     """One task's phases in order: earlier failures retried (``Retry``), reuse
     (``search.reuse_phase.Reuse``), the storm, then the raindrop from the best schedule.
 
-    Each phase is a ``search.phases.SearchPhase``. ``step()`` measures one batch of the current
+    Each phase is a ``search.phases.SearchPhase``; one cost model (``search.cost_model``) serves
+    them all, built once for the task. ``step()`` measures one batch of the current
     phase (propose, evaluate, tell), starting the next phase where one is over, so that a
     scheduler can interleave tasks; a kernel tune simply steps one tuner until it is done. A phase
     is started only when it is reached: the raindrop starts from the best schedule stored then.
@@ -188,6 +190,7 @@ class TaskTuner:
         self.stand_in = max(1, search.reuse) if Phase.RAINDROP in self.phases and Phase.STORM not in self.phases else 0
         self.storm_config = search.storm
         self.raindrop_config = search.raindrop
+        self.model: CostModel | None = None  # the task's cost model, built once (``_cost_model``)
         self.storm: Storm | None = None
         self.drop: Raindrop | None = None
         self.current: SearchPhase | None = None  # the phase measuring now
@@ -270,19 +273,20 @@ class TaskTuner:
         return Retry(self.task)
 
     def _reuse(self) -> SearchPhase | None:
-        """The storm (reuse ranks with its cost model and hands it the transfers), then reuse:
-        out of the storm's budget when there is a storm, else a budget of its own."""
+        """The storm (its population and budget take the transfers), then reuse, ranked by the
+        task's cost model: out of the storm's budget when there is a storm, else a budget of its own."""
         from stormdrop.search.reuse_phase import Reuse
 
         self.storm = self._start_storm()
         if self.reuse_donors <= 0:
             return None
         room = self.storm.remaining if Phase.STORM in self.phases else self.reuse_donors
-        if Phase.STORM in self.phases and self.storm.ranks:  # the prior's picks keep their trials
+        if Phase.STORM in self.phases and self._cost_model().ranks:  # the prior's picks keep their trials
             room = max(min(room, 1), room - self.storm_config.prior_picks)
         task = self.task
-        return Reuse(task.db, task.entry, task.target_key, self.storm, budget=min(self.reuse_donors, room),
-                     donors=self.donor_dbs, config=self.storm_config, vet=Phase.STORM in self.phases)
+        return Reuse(task.db, task.entry, task.target_key, self.storm, self._cost_model(),
+                     budget=min(self.reuse_donors, room), donors=self.donor_dbs, config=self.storm_config,
+                     vet=Phase.STORM in self.phases)
 
     def _storm(self) -> Storm:
         """The storm; stand-in samples are drawn here where nothing valid is stored to start the
@@ -324,7 +328,15 @@ class TaskTuner:
         remaining = max(0, self.trials - self.task.spent(Phase.STORM) - self.task.spent(Phase.REUSE)) \
             if trials is None else trials
         return Storm(self.task.kernel.mod, self.task.target, trials=remaining, seed=self.task.seed,
-                     config=self.storm_config, history=history)
+                     config=self.storm_config, history=history, model=self._cost_model())
+
+    def _cost_model(self) -> CostModel:
+        """The task's cost model, built at first use and kept through every phase and extension
+        (a restarted storm tells it only what it was not told before)."""
+        if self.model is None:
+            task = self.task
+            self.model = CostModel(make_context(task.kernel.mod, task.target, seed=task.seed), self.storm_config)
+        return self.model
 
     def _start_raindrop(self) -> Raindrop | None:
         task = self.task
@@ -340,6 +352,7 @@ class TaskTuner:
             else space.register_tiles(space.start, lanes, registers=32 if lanes >= 16 else 16)
         # without a storm the model knows the prior and a few transfers: it ranks as the prior does,
         # and retraining on those few (seconds a task) is left out
-        rank = self.storm.predict if Phase.STORM in self.phases else partial(self.storm.predict, learn=False)
+        model = self._cost_model()
+        rank = model.predict if Phase.STORM in self.phases else partial(model.predict, learn=False)
         return Raindrop(space, incumbent, best[0].result.run_secs, budget=budget, seed=task.seed,
                         config=self.raindrop_config, rank=rank, register_tiles=jumps)
