@@ -265,7 +265,7 @@ def run_meta_schedule(mod: Any, target: Any, trials: int, seed: int, post_opt: b
     """
     import tvm.s_tir.meta_schedule as ms
 
-    from stormdrop.search.storm import design_space
+    from stormdrop.search.sketches import design_space
 
     quiet_meta_schedule()
     load_tensor_intrinsics(target)  # (a GPU's tensor-core space names its intrinsics)

@@ -29,7 +29,7 @@ import tvm
 
 from stormdrop.search import prior
 from stormdrop.search.cost_model import new_xgb_model
-from stormdrop.search.storm import make_context
+from stormdrop.search.sketches import make_context
 from stormdrop.storage.database import Database
 from stormdrop.target import from_canonical
 from stormdrop.tvm_compat.trace_json import schedule_from_trace_json

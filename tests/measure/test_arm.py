@@ -42,7 +42,7 @@ def test_aarch64_candidates_are_sampled_and_cross_linked_on_this_host(tmp_path, 
     built = _worker._build(target, tvm.ir.save_json(cands[0].mod), str(tmp_path / "c0.so"))
     assert cross.elf_machine(built["timed"]) == EM_AARCH64  # linked for the board, not for this machine
 
-    space = DecisionSpace(kernel.mod, storm.ctx.space_generator.postprocs, cands[0].sch.trace, num_cores=1)
+    space = DecisionSpace(kernel.mod, storm.sketches.postprocs, cands[0].sch.trace, num_cores=1)
     valid = [s for s in (space.apply(p) for p in space.neighbours(space.start, 1)[:12]) if s is not None]
     assert valid, "no radius-1 neighbour of an aarch64 schedule replays"
     built = _worker._build(target, tvm.ir.save_json(valid[0].mod), str(tmp_path / "n0.so"))

@@ -53,7 +53,7 @@ def test_cuda_candidates_are_sampled_and_built_to_device_code(tmp_path, arch, mo
     assert _device_sms(cands[0].mod, target) == {int(arch[3:])}
 
     # the raindrop's coordinates cover the CUDA decisions, and neighbours replay and build
-    space = DecisionSpace(kernel.mod, storm.ctx.space_generator.postprocs, cands[0].sch.trace, num_cores=1)
+    space = DecisionSpace(kernel.mod, storm.sketches.postprocs, cands[0].sch.trace, num_cores=1)
     assert space.coordinates
     valid = [s for s in (space.apply(p) for p in space.neighbours(space.start, 1)[:12]) if s is not None]
     assert valid, "no radius-1 neighbour of a CUDA schedule replays"
@@ -78,7 +78,7 @@ def test_float16_matmuls_are_sampled_for_tensor_cores_and_built_to_device_code(t
     assert built["cubin_bytes"] > 10_000 and _device_sms(cands[0].mod, target) == {int(arch[3:])}
 
     # the raindrop walks a tensor-core schedule's decisions: its neighbours replay and build
-    space = DecisionSpace(kernel.mod, storm.ctx.space_generator.postprocs, cands[0].sch.trace, num_cores=1)
+    space = DecisionSpace(kernel.mod, storm.sketches.postprocs, cands[0].sch.trace, num_cores=1)
     valid = [s for s in (space.apply(p) for p in space.neighbours(space.start, 1)[:12]) if s is not None]
     assert valid, "no radius-1 neighbour of a tensor-core schedule replays"
     built = _worker._build(target, tvm.ir.save_json(valid[0].mod), str(tmp_path / "n0.so"))

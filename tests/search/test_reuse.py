@@ -11,7 +11,8 @@ import tvm
 from stormdrop.records import Phase
 from stormdrop.search.options import SearchOptions
 from stormdrop.search.reuse import nearest_factorization, transfer
-from stormdrop.search.storm import StormConfig, make_context
+from stormdrop.search.sketches import make_context
+from stormdrop.search.storm import StormConfig
 from stormdrop.storage.database import Database
 from stormdrop.target import host_target
 from stormdrop.tuning.kernel_tune import tune_kernel

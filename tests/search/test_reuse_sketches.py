@@ -8,7 +8,7 @@ import math
 import numpy as np
 from test_reuse import _conv_epilogue, _run, _stored_best
 
-from stormdrop.search.storm import make_context
+from stormdrop.search.sketches import make_context
 from stormdrop.storage.database import Database
 from stormdrop.target import host_target
 from stormdrop.tvm_compat.trace_json import trace_to_json

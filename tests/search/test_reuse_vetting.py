@@ -12,8 +12,9 @@ from tvm.s_tir import Schedule
 from stormdrop.records import MeasureResult, Phase, Record
 from stormdrop.search.options import SearchOptions
 from stormdrop.search.reuse_phase import Reuse
+from stormdrop.search.sketches import make_context
 from stormdrop.search.space import Candidate
-from stormdrop.search.storm import StormConfig, make_context
+from stormdrop.search.storm import StormConfig
 from stormdrop.storage.database import Database
 from stormdrop.target import canonical, host_target
 from stormdrop.tuning.kernel_tune import tune_kernel
@@ -39,7 +40,7 @@ class _Storm:
 
 def _vetted(scores, transfers, picks, share=0.5, vet=True, exact=frozenset()):
     storm = _Storm(scores, picks)
-    reuse = Reuse(None, SimpleNamespace(name="task"), "llvm", storm, storm, budget=len(transfers),
+    reuse = Reuse(None, SimpleNamespace(name="task"), "llvm", None, storm, storm=storm, budget=len(transfers),
                   config=replace(StormConfig(), transfer_vetting=share), vet=vet)
     return [c.key for c in reuse._vetted([SimpleNamespace(key=k) for k in transfers], set(exact))], storm.asked
 

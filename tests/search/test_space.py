@@ -8,6 +8,7 @@ import pytest
 import tvm
 from tvm import te, topi
 
+from stormdrop.search.sketches import make_context
 from stormdrop.search.space import (
     DecisionSpace,
     _prod,
@@ -15,7 +16,6 @@ from stormdrop.search.space import (
     divisors_with_omega,
     prime_factors,
 )
-from stormdrop.search.storm import make_context
 from stormdrop.target import host_target
 from stormdrop.tvm_compat.trace_json import to_py
 from stormdrop.workloads import parse_kernel

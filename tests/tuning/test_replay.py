@@ -86,9 +86,9 @@ def test_a_recorded_database_replays_the_same_search(tmp_path, monkeypatch):
     """The same seeds on the recorded results make the same search: every candidate a second run
     asks for is in the first run's records, and it ends at the same bests (one search thread:
     MetaSchedule's threads draw in no fixed order)."""
-    import stormdrop.search.storm as storm
+    import stormdrop.search.sketches as sketches
 
-    monkeypatch.setattr(storm, "physical_cores", lambda: 1)
+    monkeypatch.setattr(sketches, "physical_cores", lambda: 1)
     with Database(tmp_path / "first.db") as first:
         sessions, _ = _tune(first, ReplayMeasurer(synthetic(seed=3)), trials=24)
         bests = [s.result.latency_s for s in sessions]
@@ -199,3 +199,43 @@ def test_a_task_whose_one_first_candidate_failed_gets_new_storm_samples(tmp_path
             tally = s.tally()
             assert tally["failed"] == 1 and tally["storm"] == 2, tally
             assert math.isfinite(s.best) and s.result.verified
+
+
+def test_a_task_makes_its_sketches_and_cost_model_once_and_a_storm_only_where_one_runs(tmp_path, monkeypatch):
+    """Every phase of a task shares one design space and one cost model, through an extension
+    (a new storm round) too; under --phases reuse,raindrop no storm is built at all, yet reuse
+    transfers and the raindrop moves, ranked by the cost model."""
+    from stormdrop.search.cost_model import CostModel
+    from stormdrop.search.sketches import Sketches
+    from stormdrop.search.storm import Storm
+
+    made = {"sketches": 0, "model": 0, "storm": 0}
+    for name, cls in (("sketches", Sketches), ("model", CostModel), ("storm", Storm)):
+        init = cls.__init__
+
+        def counted(self, *a, _init=init, _name=name, **kw):
+            made[_name] += 1
+            _init(self, *a, **kw)
+
+        monkeypatch.setattr(cls, "__init__", counted)
+    measurer = ReplayMeasurer(synthetic(seed=7))
+    target = host_target()
+    with Database(tmp_path / "s.db") as db:
+        donor, task = (TaskSession(db, measurer, parse_kernel(s), target, seed=0) for s in SPECS)
+        tuner = TaskTuner(donor, trials=8, exploit_trials=4, search=SearchOptions(reuse=0))
+        while tuner.step():
+            pass
+        tuner.extend(4, 2)
+        while tuner.step():
+            pass
+        assert donor.tally()["storm"] == 12 and made == {"sketches": 1, "model": 1, "storm": 2}
+        ranked = []
+        predict = CostModel.predict
+        monkeypatch.setattr(CostModel, "predict", lambda self, c, learn=True: ranked.append(len(c)) or predict(self, c, learn))
+        tuner = TaskTuner(task, trials=8, exploit_trials=4, search=SearchOptions(phases=(Phase.REUSE, Phase.RAINDROP)))
+        while tuner.step():
+            pass
+        tally = task.tally()
+    assert tally["reuse"] >= 1 and tally["storm"] == 0 and 1 <= tally["raindrop"] <= 4, tally
+    assert made == {"sketches": 2, "model": 2, "storm": 2} and tuner.storm is None
+    assert ranked  # the raindrop's moves ranked by the task's cost model

@@ -72,8 +72,8 @@ def test_a_kernel_killed_in_its_raindrop_resumes_it_and_measures_nothing_twice(t
 def _donor_db(path, shapes):
     """A database of matmuls of ``shapes``, one (fake-timed) design-space sample each: reuse donors."""
     from stormdrop.records import MeasureResult, Phase, Record
+    from stormdrop.search.sketches import make_context
     from stormdrop.search.space import Candidate
-    from stormdrop.search.storm import make_context
     from stormdrop.target import canonical, host_target
 
     with Database(path) as db:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax, te
 
-from stormdrop.search.storm import Storm, StormConfig, make_context
+from stormdrop.search.sketches import make_context
+from stormdrop.search.storm import Storm, StormConfig
 from stormdrop.target import host_target
 from stormdrop.tvm_compat.intrinsics import without_needless_rfactor
 

@@ -1,8 +1,8 @@
 """The reuse phase as a search phase (``search.phases.SearchPhase``): the transfers that
-``search.reuse`` makes from same-class donor workloads, proposed once, before the storm; told
-their results, it hands them to the storm, whose cost model learns them, whose population
-starts from them and whose budget pays for them. The task's cost model ranks and vets them.
-It reads donors' records and measures and stores nothing."""
+``search.reuse`` makes from same-class donor workloads into the task's sketches, proposed once,
+before the storm; the task's cost model ranks and vets them. Told their results, it hands them
+to the storm, whose population starts from them and whose budget pays for them (without a storm:
+to the cost model). It reads donors' records and measures and stores nothing."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from functools import partial
 
 from stormdrop.records import MeasureResult
 from stormdrop.search.cost_model import CostModel
+from stormdrop.search.sketches import Sketches
 from stormdrop.search.space import Candidate
 from stormdrop.search.storm import Storm, StormConfig
 from stormdrop.storage.database import Database, WorkloadEntry
@@ -23,12 +24,14 @@ log = logging.getLogger("stormdrop")
 class Reuse:
     """At most ``budget`` transfers to ``entry`` from the same-class workloads of ``db`` and
     ``donors`` on ``target_key``, chosen as ``config`` says (the donors' order, a pool ranked by
-    the task's cost ``model`` when it has a prior, moves into ``storm``'s sketches); proposed once."""
+    the task's cost ``model`` when it has a prior, moves into the task's ``sketches``); proposed
+    once. ``storm``: the task's storm, if one runs, which takes the transfers (``tell``)."""
 
-    def __init__(self, db: Database, entry: WorkloadEntry, target_key: str, storm: Storm, model: CostModel, *,
-                 budget: int, donors: Sequence[Database] = (), config: StormConfig | None = None,
-                 vet: bool = False) -> None:
-        self.db, self.entry, self.target_key, self.storm, self.model = db, entry, target_key, storm, model
+    def __init__(self, db: Database, entry: WorkloadEntry, target_key: str, sketches: Sketches, model: CostModel, *,
+                 storm: Storm | None = None, budget: int, donors: Sequence[Database] = (),
+                 config: StormConfig | None = None, vet: bool = False) -> None:
+        self.db, self.entry, self.target_key = db, entry, target_key
+        self.sketches, self.model, self.storm = sketches, model, storm
         self.budget, self.donors, self.vet = budget, tuple(donors), vet
         self.config = config or StormConfig()
         self.done = False
@@ -44,27 +47,28 @@ class Reuse:
         budget = min(self.budget, limit or self.budget)
         if budget <= 0:
             return None
-        cfg, storm = self.config, self.storm
+        cfg, sketches = self.config, self.sketches
         pool = max(1, cfg.transfer_pool) if self.model.ranks else 1
-        sketches = cfg.transfer_sketches
+        in_sketches = cfg.transfer_sketches
         exact: set[str] = set()
-        groups = transfers(self.db, self.entry, self.target_key, storm.ctx.space_generator.postprocs,
+        groups = transfers(self.db, self.entry, self.target_key, sketches.postprocs,
                            limit=budget * pool, others=self.donors, per_donor=2 if pool > 1 else 1,
-                           order=cfg.donor_order, spaces=storm.design_spaces() if sketches else (),
-                           enough=budget if sketches and pool == 1 else 0, sketch_donors=cfg.sketch_donors, exact=exact)
+                           order=cfg.donor_order, spaces=sketches.spaces() if in_sketches else (),
+                           enough=budget if in_sketches and pool == 1 else 0, sketch_donors=cfg.sketch_donors, exact=exact)
         if not groups:
             return None
         rank = partial(self.model.predict, learn=False) if pool > 1 else None
-        return self._vetted(chosen_transfers(groups, budget, rank, whole=sketches), exact)
+        return self._vetted(chosen_transfers(groups, budget, rank, whole=in_sketches), exact)
 
     def _vetted(self, picks: list[Candidate], exact: set[str] = frozenset()) -> list[Candidate]:
-        """The transfers, where ``vet`` (the storm runs) and the storm's prior ranks
+        """The transfers, where ``vet`` (the storm runs) and the cost model's prior ranks
         (``StormConfig.transfer_vetting``), with each one it scores below that share of one of its
         own picks among random samples (``Storm.rivals``) replaced by that pick: a sibling tuned as
         briefly can hand on a schedule many times slower than a random one. Schedules of this very
         workload (``exact``: the hub's, another database's) are never replaced."""
         share, storm = self.config.transfer_vetting, self.storm
-        if not self.vet or share <= 0 or not self.model.ranks or not picks or all(c.key in exact for c in picks):
+        if not self.vet or storm is None or share <= 0 or not self.model.ranks or not picks \
+                or all(c.key in exact for c in picks):
             return picks
         rivals = storm.rivals(sum(c.key not in exact for c in picks))
         scores = self.model.predict(picks + rivals, learn=False)
@@ -84,5 +88,8 @@ class Reuse:
 
     def tell(self, candidates: list[Candidate], results: list[MeasureResult],
              fresh: Sequence[bool] | None = None) -> None:
-        """The transfers' results: to the storm (``Storm.absorb``)."""
-        self.storm.absorb(candidates, results, fresh)
+        """The transfers' results: to the storm (``Storm.absorb``), else to the cost model."""
+        if self.storm is not None:
+            self.storm.absorb(candidates, results, fresh)
+        else:
+            self.model.tell(candidates, results)

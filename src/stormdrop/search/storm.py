@@ -25,13 +25,8 @@ from tvm.target import Target
 
 from stormdrop.records import MeasureResult, Phase
 from stormdrop.search.cost_model import CostModel, to_runner_result
+from stormdrop.search.sketches import Sketches, make_context
 from stormdrop.search.space import Candidate
-from stormdrop.target import num_cores, physical_cores
-from stormdrop.tvm_compat.intrinsics import (
-    load_tensor_intrinsics,
-    register_default_pool_rules,
-    without_needless_rfactor,
-)
 
 log = logging.getLogger("stormdrop")
 
@@ -95,46 +90,15 @@ class StormConfig:
     transfer_vetting: float = 0.0
 
 
-def make_context(mod: tvm.IRModule, target: Target, *, seed: int, strategy: object = "evolutionary",
-                 name: str = "main", threads: int | None = None) -> ms.TuneContext:
-    """A TuneContext for ``mod`` on ``target`` (design space + postprocessors initialised).
-
-    MetaSchedule's searches draw with one random state per thread and hand out work to
-    threads dynamically, so only ``threads=1`` makes a seed reproduce the same samples.
-    """
-    load_tensor_intrinsics(target)
-    register_default_pool_rules()
-    return ms.TuneContext(mod, target=target, space_generator=design_space(mod, target),
-                          search_strategy=strategy, task_name=name, rand_state=seed,
-                          num_threads=threads or physical_cores())
-
-
-def design_space(mod: tvm.IRModule, target: Target) -> object:
-    """MetaSchedule's design space for ``mod`` on ``target``: its tensor-core one (MultiLevelTiling
-    with the wmma intrinsics, their postprocessors and mutators, and the CUDA rules for the other
-    blocks) for a float16 workload on a GPU that has tensor cores (sm_70 and later), else the
-    target's default (``post-order-apply``)."""
-    if target.kind.name == "cuda" and tensor_cores(target) and any(
-            str(p.dtype) == "float16" for p in mod["main"].params):
-        return ms.space_generator.PostOrderApply(sch_rules="cuda-tensorcore", postprocs="cuda-tensorcore",
-                                                 mutator_probs="cuda-tensorcore")
-    return "post-order-apply"
-
-
-def tensor_cores(target: Target) -> bool:
-    """Whether the CUDA target's arch (``sm_XY``) has tensor cores (Volta, sm_70, and later)."""
-    arch = str(target.attrs.get("arch", ""))
-    return arch.startswith("sm_") and arch[3:5].isdigit() and int(arch[3:5]) >= 70
-
-
 class Storm:
     """Ask/tell wrapper around MetaSchedule's EvolutionarySearch for one workload."""
 
     def __init__(self, mod: tvm.IRModule, target: Target, *, trials: int, seed: int,
                  config: StormConfig | None = None,
-                 history: list[tuple[Candidate, MeasureResult]] = (), model: CostModel | None = None) -> None:
-        """``model``: the task's cost model, shared with its other phases (default: one of the
-        storm's own, as ``config`` says); ``history``: the stored measurements, learnt first."""
+                 history: list[tuple[Candidate, MeasureResult]] = (), sketches: Sketches | None = None,
+                 model: CostModel | None = None) -> None:
+        """``sketches`` and ``model``: the task's, shared with its other phases (default: the storm's
+        own, as ``config`` says); ``history``: the stored measurements, learnt first."""
         self.config = cfg = config or StormConfig()
         # On a GPU most random schedules fail MetaSchedule's checks (threads, shared memory): asking
         # for 64 valid ones of 128 ended the storm of a conv on an H100 after 28 of its 64 trials
@@ -150,14 +114,14 @@ class Storm:
         self.mod, self.target, self.seed = mod, target, seed
         self.database = ms.database.MemoryDatabase()
         self.workload = self.database.commit_workload(mod)
-        self.model = model if model is not None else CostModel(self.ctx, cfg)
+        self.sketches = sketches if sketches is not None else Sketches(mod, target, seed)
+        self.model = model if model is not None else CostModel(self.sketches.context, cfg)
         self._pending: list[ms.MeasureCandidate] = []
         self.remaining = trials
         self.explored = 0  # measurements of the storm's own (random or evolved), stored or told
         self._seen: set[str] = set()  # keys of candidates proposed or learnt
         self._learn(history)
         self._cold_ctx: ms.TuneContext | None = None
-        self._spaces: list | None = None
         if trials > 0:
             spaces = self.design_spaces()
             # MetaSchedule counts a full batch per round even when the evolution finds fewer new
@@ -183,14 +147,8 @@ class Storm:
         return ctx
 
     def design_spaces(self) -> list:
-        """The workload's sketches (design spaces, random decisions), made once; none on a CPU that
-        rfactors a short reduction of many outputs (a pooling window). Storm and reuse draw from them."""
-        if self._spaces is None:
-            spaces = list(self.ctx.generate_design_space())
-            if self.target.kind.name == "llvm":
-                spaces = without_needless_rfactor(spaces, self.mod, num_cores(self.target) or physical_cores())
-            self._spaces = spaces
-        return self._spaces
+        """The workload's sketches (``Sketches.spaces``), which the storm samples and evolves from."""
+        return self.sketches.spaces()
 
     def _cold(self) -> bool:
         """True before the first batch is chosen by a model of this workload: while XGBoost predicts

@@ -25,8 +25,9 @@ from stormdrop.search.cost_model import CostModel
 from stormdrop.search.options import SearchOptions
 from stormdrop.search.phases import SearchPhase
 from stormdrop.search.raindrop import Raindrop
+from stormdrop.search.sketches import Sketches
 from stormdrop.search.space import Candidate, DecisionSpace
-from stormdrop.search.storm import Storm, make_context
+from stormdrop.search.storm import Storm
 from stormdrop.storage.database import Database, WorkloadEntry
 from stormdrop.target import canonical, vector_lanes
 from stormdrop.tuning.evaluation import Evaluation, evaluate_together
@@ -168,8 +169,9 @@ class TaskTuner:
     """One task's phases in order: earlier failures retried (``Retry``), reuse
     (``search.reuse_phase.Reuse``), the storm, then the raindrop from the best schedule.
 
-    Each phase is a ``search.phases.SearchPhase``; one cost model (``search.cost_model``) serves
-    them all, built once for the task. ``step()`` measures one batch of the current
+    Each phase is a ``search.phases.SearchPhase``; one design space (``search.sketches``) and one
+    cost model (``search.cost_model``) serve them all, made once for the task, and a storm is
+    built only where one runs. ``step()`` measures one batch of the current
     phase (propose, evaluate, tell), starting the next phase where one is over, so that a
     scheduler can interleave tasks; a kernel tune simply steps one tuner until it is done. A phase
     is started only when it is reached: the raindrop starts from the best schedule stored then.
@@ -190,6 +192,7 @@ class TaskTuner:
         self.stand_in = max(1, search.reuse) if Phase.RAINDROP in self.phases and Phase.STORM not in self.phases else 0
         self.storm_config = search.storm
         self.raindrop_config = search.raindrop
+        self.sketches: Sketches | None = None  # the task's design space, made once (``_sketches``)
         self.model: CostModel | None = None  # the task's cost model, built once (``_cost_model``)
         self.storm: Storm | None = None
         self.drop: Raindrop | None = None
@@ -273,34 +276,41 @@ class TaskTuner:
         return Retry(self.task)
 
     def _reuse(self) -> SearchPhase | None:
-        """The storm (its population and budget take the transfers), then reuse, ranked by the
-        task's cost model: out of the storm's budget when there is a storm, else a budget of its own."""
+        """The storm, where one runs (its population and budget take the transfers), then reuse,
+        ranked by the task's cost model: out of the storm's budget when there is a storm, else a
+        budget of its own."""
         from stormdrop.search.reuse_phase import Reuse
 
-        self.storm = self._start_storm()
+        storm_runs = Phase.STORM in self.phases
+        if storm_runs:
+            self.storm = self._start_storm()
         if self.reuse_donors <= 0:
             return None
-        room = self.storm.remaining if Phase.STORM in self.phases else self.reuse_donors
-        if Phase.STORM in self.phases and self._cost_model().ranks:  # the prior's picks keep their trials
+        room = self.storm.remaining if storm_runs else self.reuse_donors
+        if storm_runs and self._cost_model().ranks:  # the prior's picks keep their trials
             room = max(min(room, 1), room - self.storm_config.prior_picks)
         task = self.task
-        return Reuse(task.db, task.entry, task.target_key, self.storm, self._cost_model(),
-                     budget=min(self.reuse_donors, room), donors=self.donor_dbs, config=self.storm_config,
-                     vet=Phase.STORM in self.phases)
+        return Reuse(task.db, task.entry, task.target_key, self._sketches(), self._cost_model(),
+                     storm=self.storm if storm_runs else None, budget=min(self.reuse_donors, room),
+                     donors=self.donor_dbs, config=self.storm_config, vet=storm_runs)
 
-    def _storm(self) -> Storm:
-        """The storm; stand-in samples are drawn here where nothing valid is stored to start the
-        raindrop from (a raindrop without a storm that reuse left nothing, a shrunk first round
-        whose candidates all failed: ``_raindrop``) and after an extension."""
-        if self.storm is None:
-            self.storm = self._start_storm()
+    def _storm(self) -> Storm | None:
+        """The storm, where one runs; stand-in samples are drawn here where nothing valid is stored
+        to start the raindrop from (a raindrop without a storm that reuse left nothing, a shrunk
+        first round whose candidates all failed: ``_raindrop``) and after an extension."""
         if self.stand_in:
             trials, self.stand_in = self.stand_in, 0
             if self.extensions or not self.task.db.best(self.task.entry.workload_id, self.task.target_key, k=1):
                 log.info("%s: %s: %d storm samples", self.task.kernel.name,
                          "extended" if self.extensions else "no valid schedule to start the raindrop from", trials)
-                self.storm.close()
+                if self.storm is not None:
+                    self.storm.close()
                 self.storm = self._start_storm(trials)
+                return self.storm
+        if Phase.STORM not in self.phases:
+            return None
+        if self.storm is None:
+            self.storm = self._start_storm()
         return self.storm
 
     def _raindrop(self) -> Raindrop | None:
@@ -328,14 +338,19 @@ class TaskTuner:
         remaining = max(0, self.trials - self.task.spent(Phase.STORM) - self.task.spent(Phase.REUSE)) \
             if trials is None else trials
         return Storm(self.task.kernel.mod, self.task.target, trials=remaining, seed=self.task.seed,
-                     config=self.storm_config, history=history, model=self._cost_model())
+                     config=self.storm_config, history=history, sketches=self._sketches(), model=self._cost_model())
+
+    def _sketches(self) -> Sketches:
+        """The task's design space, made at first use."""
+        if self.sketches is None:
+            self.sketches = Sketches(self.task.kernel.mod, self.task.target, self.task.seed)
+        return self.sketches
 
     def _cost_model(self) -> CostModel:
         """The task's cost model, built at first use and kept through every phase and extension
         (a restarted storm tells it only what it was not told before)."""
         if self.model is None:
-            task = self.task
-            self.model = CostModel(make_context(task.kernel.mod, task.target, seed=task.seed), self.storm_config)
+            self.model = CostModel(self._sketches().context, self.storm_config)
         return self.model
 
     def _start_raindrop(self) -> Raindrop | None:
@@ -345,7 +360,7 @@ class TaskTuner:
         if not best or budget <= 0:
             return None
         incumbent = task.candidate_of(best[0], Phase.RAINDROP)
-        space = DecisionSpace(task.kernel.mod, self.storm.ctx.space_generator.postprocs, incumbent.sch.trace,
+        space = DecisionSpace(task.kernel.mod, self._sketches().postprocs, incumbent.sch.trace,
                               num_cores=int(task.target.attrs.get("num-cores", 1)))
         lanes = vector_lanes(task.target)
         jumps = [] if not lanes or self.raindrop_config.register_tiles <= 0 or len(task.stored(Phase.RAINDROP)) \
