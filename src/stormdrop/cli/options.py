@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="which phases run, in this order: 'reuse' = transfer only, 'reuse,raindrop' = transfer, "
                         "then Droplet from the best transfer (default: reuse,storm,raindrop)")
     t.add_argument("--no-prior", dest="prior", action="store_false",
-                   help="x86: start the storm's cost model cold instead of from the shipped prior")
+                   help="x86: start the cost model cold instead of from the shipped prior")
     t.add_argument("--trials-per-task", type=_positive(int, 1), default=128,
                    help="model: at most this many candidates per task, half storm, half raindrop")
     t.add_argument("--layout", default="auto", choices=["auto", "nhwc", "blocked", "nchw"],

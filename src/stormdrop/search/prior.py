@@ -41,7 +41,7 @@ X86_PRIOR = DATA_DIR / "prior_llvm_x86.npz"
 class PriorGroup:
     """Measured schedules of one workload: per-store feature matrices and costs (seconds).
     ``retrain``: the model trains on the group again with the workload's own measurements
-    (``storm.new_xgb_model``), or the group only shapes the prior's ranking before them."""
+    (``cost_model.new_xgb_model``), or the group only shapes the prior's ranking before them."""
 
     name: str
     features: list[np.ndarray]

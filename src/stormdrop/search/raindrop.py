@@ -7,7 +7,7 @@ measurements gives p <= ``pvalue`` (one sample each: the mean decides). The
 incumbent is re-measured in every batch, so a drifting machine does not fake
 an improvement. When no neighbour at a radius improves, the radius widens
 (speculation) up to the longest coordinate; the search stops there, or when
-the budget is spent. Neighbours are tried in the order the storm's cost model
+the budget is spent. Neighbours are tried in the order the task's cost model
 ranks them, when one is given, so the likely winners are measured first. A batch
 that the current radius cannot fill is topped up with the next radius's neighbours
 (measured now rather than in a short batch now and another later); after a move,
