@@ -204,7 +204,7 @@ def test_a_task_whose_one_first_candidate_failed_gets_new_storm_samples(tmp_path
 def test_a_task_makes_its_sketches_and_cost_model_once_and_a_storm_only_where_one_runs(tmp_path, monkeypatch):
     """Every phase of a task shares one design space and one cost model, through an extension
     (a new storm round) too; under --phases reuse,raindrop no storm is built at all, yet reuse
-    transfers and the raindrop moves, ranked by the cost model."""
+    transfers and the raindrop moves, ranked by the cost model, and the tuner says which measures."""
     from stormdrop.search.cost_model import CostModel
     from stormdrop.search.sketches import Sketches
     from stormdrop.search.storm import Storm
@@ -233,9 +233,11 @@ def test_a_task_makes_its_sketches_and_cost_model_once_and_a_storm_only_where_on
         predict = CostModel.predict
         monkeypatch.setattr(CostModel, "predict", lambda self, c, learn=True: ranked.append(len(c)) or predict(self, c, learn))
         tuner = TaskTuner(task, trials=8, exploit_trials=4, search=SearchOptions(phases=(Phase.REUSE, Phase.RAINDROP)))
+        phases = []  # what the live display shows after each batch
         while tuner.step():
-            pass
+            phases.append(tuner.phase)
         tally = task.tally()
+    assert phases[0] is Phase.REUSE and phases[-1] is Phase.RAINDROP and Phase.STORM not in phases
     assert tally["reuse"] >= 1 and tally["storm"] == 0 and 1 <= tally["raindrop"] <= 4, tally
     assert made == {"sketches": 2, "model": 2, "storm": 2} and tuner.storm is None
     assert ranked  # the raindrop's moves ranked by the task's cost model

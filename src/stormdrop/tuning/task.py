@@ -165,6 +165,9 @@ class Retry:
         pass
 
 
+_PHASE_STARTED = {"_reuse": Phase.REUSE, "_storm": Phase.STORM, "_raindrop": Phase.RAINDROP}  # TaskTuner's starters
+
+
 class TaskTuner:
     """One task's phases in order: earlier failures retried (``Retry``), reuse
     (``search.reuse_phase.Reuse``), the storm, then the raindrop from the best schedule.
@@ -197,6 +200,7 @@ class TaskTuner:
         self.storm: Storm | None = None
         self.drop: Raindrop | None = None
         self.current: SearchPhase | None = None  # the phase measuring now
+        self._phase = Phase.STORM  # which one it is (``phase``)
         self.next: list[Callable[[], SearchPhase | None]] = [self._retry, self._reuse, self._storm, self._raindrop]
         self.done = False
         self.rounds = 0  # batches measured by reuse, storm and raindrop
@@ -205,7 +209,9 @@ class TaskTuner:
 
     @property
     def phase(self) -> Phase:
-        return Phase.RAINDROP if self.drop is not None else Phase.STORM
+        """The phase measuring now, or the last one started (the storm before any, and while
+        earlier failures are retried)."""
+        return self._phase
 
     def step(self, limit: int | None = None) -> bool:
         """Measure one batch of at most ``limit`` new candidates; False (and ``done``) once every phase is over."""
@@ -226,7 +232,10 @@ class TaskTuner:
                     if not self.next:
                         self.finish()
                         return None
-                    self.current = self.next.pop(0)()  # None: a phase with nothing to do
+                    start = self.next.pop(0)
+                    self.current = start()  # None: a phase with nothing to do
+                    if self.current is not None:
+                        self._phase = _PHASE_STARTED.get(start.__name__, self._phase)
                     continue
                 cands = self.current.propose(self._limit(limit))
                 if cands is not None:
@@ -270,6 +279,7 @@ class TaskTuner:
             self.stand_in = max(1, self.reuse_donors)
         self.storm = self.drop = None
         self.next = [self._storm, self._raindrop]
+        self._phase = Phase.STORM
         self.done = False
 
     def _retry(self) -> Retry:
