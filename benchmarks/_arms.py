@@ -58,7 +58,7 @@ LOWERING_SWITCHES = {
 
 def add_lowering_switches(p) -> None:
     """The ``LOWERING_SWITCHES`` flags of an argument parser."""
-    from stormdrop.lowering.pipeline import Lowering
+    from stormdrop import Lowering
 
     for field, (_, what) in LOWERING_SWITCHES.items():
         default = "on" if getattr(Lowering(), field) else "off"
@@ -69,7 +69,7 @@ def add_lowering_switches(p) -> None:
 
 def lowering_switches(args) -> dict:
     """The ``Lowering`` fields the flags set: on, off, or the library's default under ab."""
-    from stormdrop.lowering.pipeline import Lowering
+    from stormdrop import Lowering
 
     return {field: {"on": True, "off": False}.get(getattr(args, field), getattr(Lowering(), field))
             for field in LOWERING_SWITCHES}

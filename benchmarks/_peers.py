@@ -135,11 +135,9 @@ def tuned_best(kernel: Any, target: Any, trials: int, path: str, seed: int, sear
     """Tune ``kernel`` (``trials`` storm + as many raindrop; ``search``: a ``SearchOptions``,
     ``measure``: a ``MeasureConfig``) into the database ``path``: its row
     (stored latency, tuning seconds, trials) and its best schedule, replayed on the workload."""
-    from stormdrop.search.options import SearchOptions
+    from stormdrop import KernelOptions, SearchOptions, tune_kernel
     from stormdrop.storage.database import Database
     from stormdrop.target import canonical
-    from stormdrop.tuning.kernel_tune import tune_kernel
-    from stormdrop.tuning.options import KernelOptions
     from stormdrop.tvm_compat.trace_json import schedule_from_trace_json
 
     options = KernelOptions(trials=trials, exploit_trials=trials, seed=seed, search=search or SearchOptions(),

@@ -75,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from _peers import quiet_meta_schedule
 
+    from stormdrop import parse_kernel
     from stormdrop.search.storm import Storm, StormConfig
     from stormdrop.target import canonical, parse_target
-    from stormdrop.workloads import parse_kernel
 
     quiet_meta_schedule()
     target = parse_target(args.target)

@@ -142,8 +142,7 @@ def tune_all(kernel, target, args, seed: int) -> dict[str, dict]:
     """Run every tuner on one kernel, one after another; each failure becomes a cell."""
     from _peers import run_meta_schedule, short
 
-    from stormdrop.tuning.kernel_tune import tune_kernel
-    from stormdrop.tuning.options import KernelOptions
+    from stormdrop import KernelOptions, tune_kernel
     from stormdrop.tvm_compat.trace_json import schedule_from_trace_json
 
     res: dict[str, dict] = {}
@@ -279,12 +278,13 @@ def main(argv: list[str] | None = None) -> int:
         pin_threads(args.threads or physical_cores())
     from _peers import machine, short, vendor_latency
 
+    from stormdrop import parse_kernel
     from stormdrop.errors import SpecError
     from stormdrop.measure.gateway import Gateway, MeasureConfig
     from stormdrop.target import canonical, parse_target, physical_cores
     from stormdrop.tvm_compat.intrinsics import load_tensor_intrinsics
     from stormdrop.tvm_compat.relax_passes import gpu_default_schedule
-    from stormdrop.workloads import kernel_args, parse_kernel
+    from stormdrop.workloads import kernel_args
 
     try:
         target = parse_target(args.target)

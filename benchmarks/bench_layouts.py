@@ -40,9 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     from _peers import machine, publish, save_json, table
     from bench_kernels import pin_threads
 
-    from stormdrop.lowering.pipeline import Lowering
+    from stormdrop import Lowering, ModelOptions, load_model, tune_model
     from stormdrop.model.bench import tuned_build
-    from stormdrop.model.options import ModelOptions
     from stormdrop.model.run import (
         max_abs_diff,
         num_cores,
@@ -50,10 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         run_model,
     )
     from stormdrop.model.runtimes import run_onnxruntime
-    from stormdrop.model.tune import tune_model
     from stormdrop.storage.database import Database
     from stormdrop.target import canonical, host_target, physical_cores
-    from stormdrop.workloads.models import load_model
 
     pin_threads(physical_cores())
     target = host_target()

@@ -93,7 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run_ms(model, target, trials: int, seed: int, batch: int, layout: str, winograd: str) -> dict:
     from _peers import meta_schedule_model
 
-    from stormdrop.lowering.pipeline import Lowering
+    from stormdrop import Lowering
     from stormdrop.model.run import compile_model
 
     with tempfile.TemporaryDirectory(prefix="bench-ms-") as work_dir:
@@ -106,10 +106,9 @@ def run_ms(model, target, trials: int, seed: int, batch: int, layout: str, winog
 def bench_one(name: str, args: argparse.Namespace, target) -> dict:
     from _peers import short
 
-    from stormdrop.lowering.pipeline import Lowering
+    from stormdrop import Lowering, ModelOptions, SearchOptions, load_model, tune_model
     from stormdrop.measure.gateway import MeasureConfig
     from stormdrop.model.bench import task_times_in_model, tuned_build
-    from stormdrop.model.options import ModelOptions
     from stormdrop.model.run import (
         interleaved,
         max_abs_diff,
@@ -119,11 +118,8 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
         run_model,
     )
     from stormdrop.model.runtimes import onnxruntime_timer, openvino_timer
-    from stormdrop.model.tune import tune_model
-    from stormdrop.search.options import SearchOptions
     from stormdrop.search.storm import StormConfig
     from stormdrop.storage.database import Database
-    from stormdrop.workloads.models import load_model
     from stormdrop.workloads.zoo import SEQUENCE_MODELS
 
     lowering = Lowering(args.layout, winograd=args.winograd, **_arms.lowering_switches(args))

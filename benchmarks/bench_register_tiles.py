@@ -49,14 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _peers import machine, pinned_host, publish, save_json, table
 
+    from stormdrop import KernelOptions, SearchOptions, parse_kernel, tune_kernel
     from stormdrop.measure.gateway import Gateway
-    from stormdrop.search.options import SearchOptions
     from stormdrop.search.raindrop import RaindropConfig
     from stormdrop.storage.database import Database
-    from stormdrop.tuning.kernel_tune import tune_kernel
-    from stormdrop.tuning.options import KernelOptions
     from stormdrop.tvm_compat.trace_json import schedule_from_trace_json
-    from stormdrop.workloads import parse_kernel
 
     target, key = pinned_host()
     settings = {"off": 0, "on": args.register_tiles}

@@ -95,7 +95,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def load(name: str, args: argparse.Namespace):
-    from stormdrop.workloads.models import load_model
+    from stormdrop import load_model
     from stormdrop.workloads.zoo import SEQUENCE_MODELS
 
     kw = ({"seq_len": args.seq_len} if args.seq_len else {}) if name in SEQUENCE_MODELS else (
@@ -104,10 +104,8 @@ def load(name: str, args: argparse.Namespace):
 
 
 def one_pair(donor: str, target_name: str, args: argparse.Namespace, target, db_dir: str) -> dict:
-    from stormdrop.model.options import ModelOptions
-    from stormdrop.model.tune import tune_model
+    from stormdrop import ModelOptions, SearchOptions, tune_model
     from stormdrop.records import Phase
-    from stormdrop.search.options import SearchOptions
     from stormdrop.search.phases import PHASES
     from stormdrop.search.storm import StormConfig
 

@@ -35,10 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="append the table to this Markdown file")
     args = p.parse_args(argv)
 
+    from stormdrop import parse_kernel
     from stormdrop.measure.gateway import Gateway, MeasureConfig
     from stormdrop.search.storm import Storm, StormConfig
     from stormdrop.target import canonical, host_target
-    from stormdrop.workloads import parse_kernel
 
     target = host_target()
     kernel = parse_kernel("matmul:M=64,N=64,K=64")

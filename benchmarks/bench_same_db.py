@@ -42,14 +42,14 @@ def changed_lowering(spec: str):
     """The default ``Lowering`` and that with the ``FIELD=VALUE`` of ``spec`` (``_arms.fields``)."""
     from _arms import fields
 
-    from stormdrop.lowering.pipeline import Lowering
+    from stormdrop import Lowering
 
     default = Lowering()
     return default, dataclasses.replace(default, **fields(spec, default, "--change"))
 
 
 def bench_one(spec: str, args: argparse.Namespace, target, work: str) -> dict:
-    from stormdrop import ModelOptions, tune_model
+    from stormdrop import ModelOptions, load_model, tune_model
     from stormdrop.model.bench import tuned_build
     from stormdrop.model.run import (
         interleaved,
@@ -62,7 +62,6 @@ def bench_one(spec: str, args: argparse.Namespace, target, work: str) -> dict:
     from stormdrop.model.runtimes import onnxruntime_timer, openvino_timer
     from stormdrop.model.tune import extract_tasks
     from stormdrop.storage.database import Database
-    from stormdrop.workloads.models import load_model
 
     model = load_model(spec, resolution=args.resolution, seed=args.seed)
     db_path = os.path.join(work, f"{os.path.basename(spec)}.db")

@@ -46,8 +46,8 @@ def references_s(tasks: list, target, arm: str) -> float:
 
 
 def bench_one(spec: str, rounds: int, target) -> dict:
+    from stormdrop import load_model
     from stormdrop.model.tune import extract_tasks
-    from stormdrop.workloads.models import load_model
 
     name, _, res = spec.partition("@")
     model = load_model(name, resolution=int(res)) if res else load_model(name)

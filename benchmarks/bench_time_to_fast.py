@@ -32,11 +32,11 @@ HEADER = ["network", "budget s", "held out", "hub's exact tasks", "ONNX Runtime 
 
 def hub_tasks(name: str, resolution: int | None, target) -> tuple[int, int]:
     """(tasks whose workload the target's hub holds exactly, tasks) of the network as a tune lowers it."""
+    from stormdrop import load_model
     from stormdrop.model.tune import extract_tasks
     from stormdrop.storage.donors import tuned_in
     from stormdrop.storage.hub import open_hub
     from stormdrop.target import canonical
-    from stormdrop.workloads.models import load_model
 
     model = load_model(name, **({"resolution": resolution} if resolution else {}))
     _, tasks = extract_tasks(model, target)

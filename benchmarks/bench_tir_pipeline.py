@@ -52,6 +52,7 @@ def _counting_splits(changed: list[str]):
 def bench_one(path: str, args: argparse.Namespace, target) -> dict:
     from unittest import mock
 
+    from stormdrop import load_model
     from stormdrop.model.bench import tuned_build
     from stormdrop.model.run import (
         interleaved,
@@ -65,7 +66,6 @@ def bench_one(path: str, args: argparse.Namespace, target) -> dict:
     from stormdrop.model.runtimes import onnxruntime_timer, openvino_timer
     from stormdrop.storage.database import Database
     from stormdrop.tvm_compat import tir_pipeline
-    from stormdrop.workloads.models import load_model
 
     model = load_model(path, seed=args.seed)
     inputs = random_inputs(model, args.seed)

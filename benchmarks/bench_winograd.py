@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _peers import machine, pinned_host, publish, save_json, table, tuned_and_retimed
 
+    from stormdrop import parse_kernel
     from stormdrop.lowering.winograd import choose_tile
-    from stormdrop.workloads import parse_kernel
 
     target, key = pinned_host()
     raw = []

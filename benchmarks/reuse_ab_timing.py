@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     from stormdrop.target import host_target, physical_cores
 
     pin_threads(physical_cores())
+    from stormdrop import load_model
     from stormdrop.model.bench import tuned_build
     from stormdrop.model.run import (
         interleaved,
@@ -39,7 +40,6 @@ def main(argv: list[str] | None = None) -> int:
     from stormdrop.model.runtimes import onnxruntime_timer
     from stormdrop.storage.database import Database
     from stormdrop.target import canonical
-    from stormdrop.workloads.models import load_model
 
     target = host_target()
     out = {"command": " ".join(["benchmarks/reuse_ab_timing.py", *(argv or sys.argv[1:])]),

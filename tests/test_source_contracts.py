@@ -1,11 +1,15 @@
 """The code's comments and docstrings state contracts: no machine, date, session or measured
 figure in ``src/`` (those live in ``benchmarks/RESULTS.md`` with their commands and JSON, and go
-stale in code). Bounds (``>= 100 ms``) are contracts and stay."""
+stale in code). Bounds (``>= 100 ms``) are contracts and stay. The package's public names resolve,
+and the repository's own scripts take what they use of them from ``stormdrop`` itself."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
+
+import stormdrop
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "stormdrop"
 MACHINES = re.compile(r"znver\d|rocketlake|skylake|cascadelake|sapphirerapids|EPYC|Xeon|Ryzen|Zen ?\d", re.I)
@@ -50,3 +54,26 @@ def test_the_tests_mirror_the_packages() -> None:
     folders = {p.parent.name for p in tests.rglob("test_*.py") if p.parent != tests}
     assert folders and folders <= packages, sorted(folders - packages)
     assert [p.name for p in tests.glob("test_*.py")] == [Path(__file__).name]
+
+
+def test_every_public_name_resolves() -> None:
+    from stormdrop.storage.database import Database
+    from stormdrop.workloads.models import load_model
+
+    for name in stormdrop.__all__:
+        assert getattr(stormdrop, name) is not None, name
+    assert stormdrop.load_model is load_model and stormdrop.open_database is Database
+
+
+def test_scripts_import_public_names_from_the_package() -> None:
+    public = set(stormdrop.__all__)
+    private = {}  # "from stormdrop.x import NAME" where NAME is public: should be "from stormdrop import NAME"
+    for path in [*SRC.parent.parent.glob("benchmarks/*.py"), *SRC.parent.parent.glob("tools/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("stormdrop"):
+                names = {a.name for a in node.names}
+                if node.module == "stormdrop":
+                    assert names <= public | {"stop"}, (path.name, names - public)
+                elif names & (public - {"open_database"}):
+                    private[f"{path.name}:{node.lineno}"] = sorted(names & public)
+    assert not private, private

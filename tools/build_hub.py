@@ -25,14 +25,10 @@ import sys
 import time
 from pathlib import Path
 
-from stormdrop import tune_model
-from stormdrop.lowering.pipeline import Lowering
-from stormdrop.model.options import ModelOptions
-from stormdrop.search.options import SearchOptions
+from stormdrop import Lowering, ModelOptions, SearchOptions, load_model, tune_model
 from stormdrop.storage.database import Database
 from stormdrop.storage.hub import SHIPPED_DIR, SUFFIX, isa_class, write_hub
 from stormdrop.target import describe, host_target
-from stormdrop.workloads.models import load_model
 
 
 def network(spec: str):

@@ -12,10 +12,8 @@ import time
 
 from prior_kernels import TRAIN_KERNELS
 
-from stormdrop import tune_kernel
-from stormdrop.search.options import SearchOptions
+from stormdrop import KernelOptions, SearchOptions, tune_kernel
 from stormdrop.search.storm import StormConfig
-from stormdrop.tuning.options import KernelOptions
 
 
 def main() -> int:

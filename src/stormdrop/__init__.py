@@ -9,8 +9,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["KernelOptions", "Lowering", "ModelOptions", "SearchOptions", "__version__", "open_database",
-           "parse_kernel", "tune_kernel", "tune_model"]
+__all__ = ["KernelOptions", "Lowering", "ModelOptions", "SearchOptions", "__version__", "load_model",
+           "open_database", "parse_kernel", "tune_kernel", "tune_model"]
 
 
 _PUBLIC = {  # name -> the module that defines it, imported on first use
@@ -21,6 +21,7 @@ _PUBLIC = {  # name -> the module that defines it, imported on first use
     "SearchOptions": "stormdrop.search.options",
     "parse_kernel": "stormdrop.workloads",
     "Lowering": "stormdrop.lowering.pipeline",
+    "load_model": "stormdrop.workloads.models",
 }
 
 

@@ -36,7 +36,11 @@ def parse_input_shapes(items: list[str] | None) -> dict[str, tuple[int, ...]]:
 
 def load_model(spec: Any, *, input_shapes: dict[str, tuple[int, ...]] | None = None, batch: int = 1,
                resolution: int | None = None, seq_len: int | None = None, seed: int = 0) -> Model:
-    """A zoo name, an ``.onnx`` path, a Relax ``IRModule`` or a ``torch.export`` program."""
+    """A model to tune or run (public as ``stormdrop.load_model``): ``spec`` is a zoo name, an
+    ``.onnx`` path, a Relax ``IRModule`` or a ``torch.export`` program. A zoo model is built at
+    ``batch`` and ``resolution`` (image models) or ``seq_len`` (sequence models) with random weights
+    from ``seed``; an ONNX model's dynamic dimensions take ``input_shapes`` (input name -> shape) or
+    ``batch``. A spec that names nothing loadable raises ``SpecError`` (one line)."""
     if isinstance(spec, tvm.IRModule):
         return Model("relax_module", spec, _relax_inputs(spec))
     if type(spec).__name__ == "ExportedProgram":
