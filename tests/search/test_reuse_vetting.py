@@ -40,8 +40,8 @@ class _Storm:
 
 def _vetted(scores, transfers, picks, share=0.5, vet=True, exact=frozenset()):
     storm = _Storm(scores, picks)
-    reuse = Reuse(None, SimpleNamespace(name="task"), "llvm", None, storm, storm=storm, budget=len(transfers),
-                  config=replace(StormConfig(), transfer_vetting=share), vet=vet)
+    reuse = Reuse(None, SimpleNamespace(name="task"), "llvm", None, storm, storm=storm if vet else None,
+                  budget=len(transfers), config=replace(StormConfig(), transfer_vetting=share))
     return [c.key for c in reuse._vetted([SimpleNamespace(key=k) for k in transfers], set(exact))], storm.asked
 
 

@@ -25,14 +25,15 @@ class Reuse:
     """At most ``budget`` transfers to ``entry`` from the same-class workloads of ``db`` and
     ``donors`` on ``target_key``, chosen as ``config`` says (the donors' order, a pool ranked by
     the task's cost ``model`` when it has a prior, moves into the task's ``sketches``); proposed
-    once. ``storm``: the task's storm, if one runs, which takes the transfers (``tell``)."""
+    once. ``storm``: the task's storm, if one runs, which takes the transfers (``tell``) and whose
+    own picks vet them (``_vetted``)."""
 
     def __init__(self, db: Database, entry: WorkloadEntry, target_key: str, sketches: Sketches, model: CostModel, *,
                  storm: Storm | None = None, budget: int, donors: Sequence[Database] = (),
-                 config: StormConfig | None = None, vet: bool = False) -> None:
+                 config: StormConfig | None = None) -> None:
         self.db, self.entry, self.target_key = db, entry, target_key
         self.sketches, self.model, self.storm = sketches, model, storm
-        self.budget, self.donors, self.vet = budget, tuple(donors), vet
+        self.budget, self.donors = budget, tuple(donors)
         self.config = config or StormConfig()
         self.done = False
 
@@ -61,14 +62,13 @@ class Reuse:
         return self._vetted(chosen_transfers(groups, budget, rank, whole=in_sketches), exact)
 
     def _vetted(self, picks: list[Candidate], exact: set[str] = frozenset()) -> list[Candidate]:
-        """The transfers, where ``vet`` (the storm runs) and the cost model's prior ranks
+        """The transfers, where a storm runs and the cost model's prior ranks
         (``StormConfig.transfer_vetting``), with each one it scores below that share of one of its
         own picks among random samples (``Storm.rivals``) replaced by that pick: a sibling tuned as
         briefly can hand on a schedule many times slower than a random one. Schedules of this very
         workload (``exact``: the hub's, another database's) are never replaced."""
         share, storm = self.config.transfer_vetting, self.storm
-        if not self.vet or storm is None or share <= 0 or not self.model.ranks or not picks \
-                or all(c.key in exact for c in picks):
+        if storm is None or share <= 0 or not self.model.ranks or not picks or all(c.key in exact for c in picks):
             return picks
         rivals = storm.rivals(sum(c.key not in exact for c in picks))
         scores = self.model.predict(picks + rivals, learn=False)

@@ -165,9 +165,6 @@ class Retry:
         pass
 
 
-_PHASE_STARTED = {"_reuse": Phase.REUSE, "_storm": Phase.STORM, "_raindrop": Phase.RAINDROP}  # TaskTuner's starters
-
-
 class TaskTuner:
     """One task's phases in order: earlier failures retried (``Retry``), reuse
     (``search.reuse_phase.Reuse``), the storm, then the raindrop from the best schedule.
@@ -201,7 +198,9 @@ class TaskTuner:
         self.drop: Raindrop | None = None
         self.current: SearchPhase | None = None  # the phase measuring now
         self._phase = Phase.STORM  # which one it is (``phase``)
-        self.next: list[Callable[[], SearchPhase | None]] = [self._retry, self._reuse, self._storm, self._raindrop]
+        # the phases to start, in order, each with the Phase it measures (earlier failures' retry: none of its own)
+        self.next: list[tuple[Phase | None, Callable[[], SearchPhase | None]]] = [
+            (None, self._retry), (Phase.REUSE, self._reuse), *self._storm_then_raindrop()]
         self.done = False
         self.rounds = 0  # batches measured by reuse, storm and raindrop
         self.extensions = 0  # more budget after it was done (extend)
@@ -232,10 +231,10 @@ class TaskTuner:
                     if not self.next:
                         self.finish()
                         return None
-                    start = self.next.pop(0)
+                    phase, start = self.next.pop(0)
                     self.current = start()  # None: a phase with nothing to do
-                    if self.current is not None:
-                        self._phase = _PHASE_STARTED.get(start.__name__, self._phase)
+                    if self.current is not None and phase is not None:
+                        self._phase = phase
                     continue
                 cands = self.current.propose(self._limit(limit))
                 if cands is not None:
@@ -278,9 +277,13 @@ class TaskTuner:
             # once): a few storm samples, then the raindrop from the best of everything
             self.stand_in = max(1, self.reuse_donors)
         self.storm = self.drop = None
-        self.next = [self._storm, self._raindrop]
+        self.next = self._storm_then_raindrop()
         self._phase = Phase.STORM
         self.done = False
+
+    def _storm_then_raindrop(self) -> list[tuple[Phase, Callable[[], SearchPhase | None]]]:
+        """The last two phases to start: a tune's, and again after an extension or a second chance."""
+        return [(Phase.STORM, self._storm), (Phase.RAINDROP, self._raindrop)]
 
     def _retry(self) -> Retry:
         return Retry(self.task)
@@ -302,7 +305,7 @@ class TaskTuner:
         task = self.task
         return Reuse(task.db, task.entry, task.target_key, self._sketches(), self._cost_model(),
                      storm=self.storm if storm_runs else None, budget=min(self.reuse_donors, room),
-                     donors=self.donor_dbs, config=self.storm_config, vet=storm_runs)
+                     donors=self.donor_dbs, config=self.storm_config)
 
     def _storm(self) -> Storm | None:
         """The storm, where one runs; stand-in samples are drawn here where nothing valid is stored
@@ -333,7 +336,7 @@ class TaskTuner:
             self.second_chance = False
             self.stand_in = self.first_batch
             self.exploit_trials -= self.first_batch
-            self.next = [self._storm, self._raindrop]
+            self.next = self._storm_then_raindrop()
         return self.drop
 
     def _start_storm(self, trials: int | None = None) -> Storm:
