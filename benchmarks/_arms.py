@@ -40,7 +40,7 @@ def fields(spec: str, defaults, flag: str) -> dict:
 
 def storm_fields(spec: str) -> dict:
     """``FIELD=VALUE[,FIELD=VALUE]`` as StormConfig fields (``fields``)."""
-    from stormdrop.search.storm import StormConfig
+    from stormdrop import StormConfig
 
     return fields(spec, StormConfig(), "--storm-ab")
 

@@ -135,15 +135,14 @@ def tuned_best(kernel: Any, target: Any, trials: int, path: str, seed: int, sear
     """Tune ``kernel`` (``trials`` storm + as many raindrop; ``search``: a ``SearchOptions``,
     ``measure``: a ``MeasureConfig``) into the database ``path``: its row
     (stored latency, tuning seconds, trials) and its best schedule, replayed on the workload."""
-    from stormdrop import KernelOptions, SearchOptions, tune_kernel
-    from stormdrop.storage.database import Database
+    from stormdrop import KernelOptions, SearchOptions, open_database, tune_kernel
     from stormdrop.target import canonical
     from stormdrop.tvm_compat.trace_json import schedule_from_trace_json
 
     options = KernelOptions(trials=trials, exploit_trials=trials, seed=seed, search=search or SearchOptions(),
                             measure=measure)
     t = tune_kernel(kernel, options, target=target, db=path).tasks[0]
-    with Database(path) as db:
+    with open_database(path) as db:
         best = db.best(db.find_workload(kernel.mod).workload_id, canonical(target), k=1)[0]
     row = {"stored_s": t.latency_s, "tuning_s": t.tuning_s, "trials": t.trials}
     return row, schedule_from_trace_json(kernel.mod, best.trace_json).mod
@@ -204,7 +203,7 @@ def meta_schedule_model(model: Any, target: Any, trials: int, seed: int, batch: 
     database, tuning seconds: extraction and search)."""
     import tvm.s_tir.meta_schedule as ms
 
-    from stormdrop.model.tune import extract_tasks
+    from stormdrop import extract_tasks
 
     quiet_meta_schedule()
     builder = ms.builder.LocalBuilder(timeout_sec=60.0, initializer=functools.partial(load_tensor_intrinsics, "llvm"))

@@ -30,7 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def stormdrop_arm(target, key, workload):
-    from stormdrop.measure.gateway import Gateway, MeasureConfig
+    from stormdrop import MeasureConfig
+    from stormdrop.measure.gateway import Gateway
 
     gw = Gateway(target, MeasureConfig())
     gw.prepare(key, workload)
@@ -75,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from _peers import quiet_meta_schedule
 
-    from stormdrop import parse_kernel
-    from stormdrop.search.storm import Storm, StormConfig
+    from stormdrop import StormConfig, parse_kernel
+    from stormdrop.search.storm import Storm
     from stormdrop.target import canonical, parse_target
 
     quiet_meta_schedule()

@@ -278,9 +278,9 @@ def main(argv: list[str] | None = None) -> int:
         pin_threads(args.threads or physical_cores())
     from _peers import machine, short, vendor_latency
 
-    from stormdrop import parse_kernel
+    from stormdrop import MeasureConfig, parse_kernel
     from stormdrop.errors import SpecError
-    from stormdrop.measure.gateway import Gateway, MeasureConfig
+    from stormdrop.measure.gateway import Gateway
     from stormdrop.target import canonical, parse_target, physical_cores
     from stormdrop.tvm_compat.intrinsics import load_tensor_intrinsics
     from stormdrop.tvm_compat.relax_passes import gpu_default_schedule

@@ -40,17 +40,15 @@ def main(argv: list[str] | None = None) -> int:
     from _peers import machine, publish, save_json, table
     from bench_kernels import pin_threads
 
-    from stormdrop import Lowering, ModelOptions, load_model, tune_model
-    from stormdrop.model.bench import tuned_build
-    from stormdrop.model.run import (
+    from stormdrop import Lowering, ModelOptions, load_model, open_database, tune_model
+    from stormdrop.target import canonical, host_target, num_cores, physical_cores
+    from stormdrop.timing import (
         max_abs_diff,
-        num_cores,
+        onnxruntime_timer,
         random_inputs,
-        run_model,
+        run_tvm,
+        tuned_build,
     )
-    from stormdrop.model.runtimes import run_onnxruntime
-    from stormdrop.storage.database import Database
-    from stormdrop.target import canonical, host_target, physical_cores
 
     pin_threads(physical_cores())
     target = host_target()
@@ -71,12 +69,13 @@ def main(argv: list[str] | None = None) -> int:
             entry["layouts"][layout] = {"db": db, "tuning_s": time.monotonic() - t0}
             print(f"  {name} {layout}: tuned in {entry['layouts'][layout]['tuning_s']:.0f} s", flush=True)
         inputs = random_inputs(model, args.seed)  # phase 2: time everything here, one after the other
-        ref, entry["onnxruntime_s"] = run_onnxruntime(model.onnx_model, inputs, num_cores(target))
+        ref, ort = onnxruntime_timer(model.onnx_model, inputs, num_cores(target))
+        entry["onnxruntime_s"] = ort()
         for layout in layouts:
             cell = entry["layouts"][layout]
-            with Database(cell["db"]) as db:
+            with open_database(cell["db"]) as db:
                 ex, rows = tuned_build(model, db, target, Lowering(layout))
-            outs, lat = run_model(ex, inputs, target)
+            outs, lat = run_tvm(ex, inputs, target)
             err, scale = max_abs_diff(outs, ref)
             cell.update(latency_s=lat if err <= 1e-3 * scale else None, max_abs_diff=err, tasks=len(rows),
                         trials=sum(r.trials for r in rows),

@@ -94,7 +94,7 @@ def run_ms(model, target, trials: int, seed: int, batch: int, layout: str, winog
     from _peers import meta_schedule_model
 
     from stormdrop import Lowering
-    from stormdrop.model.run import compile_model
+    from stormdrop.timing import compile_model
 
     with tempfile.TemporaryDirectory(prefix="bench-ms-") as work_dir:
         fused, db, tuning_s = meta_schedule_model(model, target, trials, seed, batch, Lowering(layout, winograd=winograd),
@@ -106,20 +106,27 @@ def run_ms(model, target, trials: int, seed: int, batch: int, layout: str, winog
 def bench_one(name: str, args: argparse.Namespace, target) -> dict:
     from _peers import short
 
-    from stormdrop import Lowering, ModelOptions, SearchOptions, load_model, tune_model
-    from stormdrop.measure.gateway import MeasureConfig
-    from stormdrop.model.bench import task_times_in_model, tuned_build
-    from stormdrop.model.run import (
-        interleaved,
-        max_abs_diff,
-        model_timer,
-        num_cores,
-        random_inputs,
-        run_model,
+    from stormdrop import (
+        Lowering,
+        MeasureConfig,
+        ModelOptions,
+        SearchOptions,
+        StormConfig,
+        load_model,
+        open_database,
+        tune_model,
     )
-    from stormdrop.model.runtimes import onnxruntime_timer, openvino_timer
-    from stormdrop.search.storm import StormConfig
-    from stormdrop.storage.database import Database
+    from stormdrop.target import num_cores
+    from stormdrop.timing import (
+        in_turns,
+        max_abs_diff,
+        peers,
+        random_inputs,
+        run_tvm,
+        task_times_in_model,
+        tuned_build,
+        tvm_timer,
+    )
     from stormdrop.workloads.zoo import SEQUENCE_MODELS
 
     lowering = Lowering(args.layout, winograd=args.winograd, **_arms.lowering_switches(args))
@@ -128,20 +135,11 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
     kw = {size[0]: size[1]} if size[1] else {}
     model = load_model(name, seed=args.seed, **kw)
     inputs = random_inputs(model, args.seed)
-    ref, ort_timer = onnxruntime_timer(model.onnx_model, inputs, num_cores(target))
-    out = {"model": name, "openvino_s": None}
-    timers = {"onnxruntime": ort_timer}  # every peer's latency is taken at the end, peers taking turns
-    try:
-        found = openvino_timer(model.onnx_model, inputs, num_cores(target))
-        err, scale = max_abs_diff(found[0], ref) if found else (0.0, 1.0)
-        if found is None:
-            out["openvino_status"] = "not installed"
-        elif err <= 1e-3 * scale:
-            timers["openvino"] = found[1]
-        else:
-            out["openvino_status"] = f"wrong (max diff {err:.2g})"
-    except Exception as e:  # noqa: BLE001 - a failure is a cell
-        out["openvino_status"] = f"failed: {short(e)}"
+    found = peers(model, inputs, num_cores(target))
+    ref = found.reference
+    out = {"model": name, "openvino_s": None, **({"openvino_status": found.missing["openvino"]}
+                                                  if "openvino" in found.missing else {})}
+    timers = dict(found.timers)  # every peer's latency is taken at the end, peers taking turns
     with tempfile.TemporaryDirectory(prefix="bench-sd-") as tmp:
         db_path = os.path.join(tmp, "sd.sqlite")
         if args.keep_db:
@@ -169,14 +167,14 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
         try:
             r = tune(db_path, {"auto": None, "on": True}.get(args.cache_flush, False), untuned=True)
             wall_s = time.monotonic() - t0  # with tune --model's own check (untuned build run, peers timed)
-            with Database(db_path) as db:
+            with open_database(db_path) as db:
                 ex, rows = tuned_build(model, db, target, lowering)
                 if args.in_model_candidates > 1:  # the A/B of the in-model choice: every task's best record
                     ex_best, _ = tuned_build(model, db, target, lowering, deployed=False)
-                    timers["best_records"] = model_timer(ex_best, inputs, target)
+                    timers["best_records"] = tvm_timer(ex_best, inputs, target)
             task_times_in_model(ex, inputs, target, rows)
             in_model = {row.name: row.in_model_s for row in rows}
-            timers["stormdrop"] = model_timer(ex, inputs, target)
+            timers["stormdrop"] = tvm_timer(ex, inputs, target)
             out["stormdrop"] = {"tuning_s": r.tuning_s, "wall_s": wall_s,  # tuning_s: up to the compiled model
                                 "tasks": len(r.tasks), "trials": sum(sum(t.trials.values()) - t.trials["failed"]
                                                                      for t in r.tasks),
@@ -210,10 +208,10 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
                    **changes}
             arm_db = db_path.replace(".db", "") + f".{key}.db" if args.keep_db else os.path.join(tmp, f"{key}.sqlite")
             ra = tune(arm_db, **arm)
-            with Database(arm_db) as db:
+            with open_database(arm_db) as db:
                 ex_arm, rows_arm = tuned_build(model, db, target, arm["lowering"])
             task_times_in_model(ex_arm, inputs, target, rows_arm)
-            timers[key] = model_timer(ex_arm, inputs, target)
+            timers[key] = tvm_timer(ex_arm, inputs, target)
             out[key] = {"tuning_s": ra.tuning_s, "trials": sum(sum(t.trials.values()) - t.trials["failed"]
                                                                for t in ra.tasks),
                         "faster_after_s": ra.faster_after_s, "stages_s": ra.stages_s,
@@ -226,17 +224,17 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
         t0 = time.monotonic()
         try:
             res = run_ms(model, target, trials, args.seed, args.ms_batch, args.layout, args.winograd)
-            outs, _ = run_model(res["ex"], inputs, target, time_it=False)
+            outs, _ = run_tvm(res["ex"], inputs, target, time_it=False)
             err, scale = max_abs_diff(outs, ref)
             out[key] = {"tuning_s": res["tuning_s"], "budget": trials}
             if err <= 1e-3 * scale:
-                timers[key] = model_timer(res["ex"], inputs, target)
+                timers[key] = tvm_timer(res["ex"], inputs, target)
             else:
                 out[key]["status"] = f"wrong (max diff {err:.2g})"
         except Exception as e:  # noqa: BLE001
             out[key] = {"status": f"failed: {short(e)}", "tuning_s": time.monotonic() - t0}
         print(f"  {name} {key}: {out[key]}", flush=True)
-    latency = interleaved(timers, rounds=args.rounds)
+    latency = in_turns(timers, rounds=args.rounds)
     out["onnxruntime_s"] = latency.pop("onnxruntime")
     out["openvino_s"] = latency.pop("openvino", None)
     if "best_records" in latency:

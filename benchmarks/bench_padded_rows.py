@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _peers import machine, pinned_host, publish, save_json, tuned_and_retimed
 
+    from stormdrop import MeasureConfig
     from stormdrop.lowering.padded_rows import padded
-    from stormdrop.measure.gateway import MeasureConfig
 
     target, key = pinned_host()
     cold = MeasureConfig(cache_flush=True)

@@ -49,10 +49,15 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _peers import machine, pinned_host, publish, save_json, table
 
-    from stormdrop import KernelOptions, SearchOptions, parse_kernel, tune_kernel
+    from stormdrop import (
+        KernelOptions,
+        RaindropConfig,
+        SearchOptions,
+        open_database,
+        parse_kernel,
+        tune_kernel,
+    )
     from stormdrop.measure.gateway import Gateway
-    from stormdrop.search.raindrop import RaindropConfig
-    from stormdrop.storage.database import Database
     from stormdrop.tvm_compat.trace_json import schedule_from_trace_json
 
     target, key = pinned_host()
@@ -72,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                                     target=target, db=path)
                     t = r.tasks[0]
                     entry[name] = {"stored_s": t.latency_s, "tuning_s": t.tuning_s, "trials": t.trials}
-                    with Database(path) as db:
+                    with open_database(path) as db:
                         wl = db.find_workload(kernel.mod)
                         best[name] = db.best(wl.workload_id, key, k=1)[0]
                 with Gateway(target) as gw:

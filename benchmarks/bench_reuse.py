@@ -104,17 +104,15 @@ def load(name: str, args: argparse.Namespace):
 
 
 def one_pair(donor: str, target_name: str, args: argparse.Namespace, target, db_dir: str) -> dict:
-    from stormdrop import ModelOptions, SearchOptions, tune_model
-    from stormdrop.records import Phase
-    from stormdrop.search.phases import PHASES
-    from stormdrop.search.storm import StormConfig
+    from stormdrop import ModelOptions, Phase, SearchOptions, StormConfig, tune_model
 
-    def tuned(model, db: str, phases=PHASES, reuse: int = 8, reuse_from=(), storm=None, **kw) -> tuple[float, float]:
+    def tuned(model, db: str, phases=None, reuse: int = 8, reuse_from=(), storm=None, **kw) -> tuple[float, float]:
         """(tuning seconds as tune_model reports them: extraction, search, verification and the tuned
         model's compile, what --time-budget bounds; wall seconds of the call, its final timing beside
         ONNX Runtime included)."""
         t0 = time.monotonic()
-        search = SearchOptions(phases=phases, storm=storm or StormConfig(), reuse=reuse, reuse_from=tuple(reuse_from))
+        search = SearchOptions(phases=phases or SearchOptions().phases, storm=storm or StormConfig(), reuse=reuse,
+                               reuse_from=tuple(reuse_from))
         result = tune_model(model, ModelOptions(seed=args.seed, search=search, **kw), target=target, db=db)
         return result.tuning_s, time.monotonic() - t0
 
@@ -164,9 +162,9 @@ def one_pair(donor: str, target_name: str, args: argparse.Namespace, target, db_
     if args.ms:
         from _peers import meta_schedule_for
 
-        from stormdrop.storage.database import Database
+        from stormdrop import open_database
 
-        with Database(os.path.join(db_dir, f"{target_name}_scratch.db")) as d:
+        with open_database(os.path.join(db_dir, f"{target_name}_scratch.db")) as d:
             measured = sum(len(d.records(w.workload_id)) for w in d.workloads())
         work_dir = os.path.join(db_dir, f"{target_name}_ms")
         shutil.rmtree(work_dir, ignore_errors=True)
@@ -185,7 +183,7 @@ def storm_config(text: str):
     """A StormConfig with the ``FIELD=VALUE,...`` of ``text`` (ints where the default is one)."""
     import dataclasses
 
-    from stormdrop.search.storm import StormConfig
+    from stormdrop import StormConfig
 
     base, fields = StormConfig(), {}
     for item in filter(None, (x.strip() for x in text.split(","))):
@@ -206,9 +204,9 @@ def earlier(args: argparse.Namespace, db_dir: str, donor: str, target_name: str)
     found = all(os.path.exists(os.path.join(db_dir, f)) for f in (f"{donor}.db", f"{target_name}_scratch.db"))
     if not (pairs and found):
         return None
-    from stormdrop.storage.database import Database
+    from stormdrop import open_database
 
-    with Database(os.path.join(db_dir, f"{target_name}_scratch.db")) as d:  # tune_model's own figure
+    with open_database(os.path.join(db_dir, f"{target_name}_scratch.db")) as d:  # tune_model's own figure
         note = d.model_notes().get(target_name, {})
     return {**pairs[0], "scratch_tuning_s": note.get("tuning_s", pairs[0]["scratch_tuning_s"])}
 
@@ -217,46 +215,44 @@ def timed(out: dict, args: argparse.Namespace, target, db_dir: str) -> dict:
     """``out`` (one pair's tuning) with every peer's latency, timed in turns, and the fractions."""
     import tvm
 
-    from stormdrop.model.bench import tuned_build
-    from stormdrop.model.run import (
-        interleaved,
+    from stormdrop import extract_tasks, open_database
+    from stormdrop.target import num_cores
+    from stormdrop.timing import (
+        compile_model,
+        in_turns,
         max_abs_diff,
-        model_timer,
-        num_cores,
+        onnxruntime_timer,
         random_inputs,
-        run_model,
+        run_tvm,
+        tuned_build,
+        tvm_timer,
     )
-    from stormdrop.model.runtimes import onnxruntime_timer
-    from stormdrop.storage.database import Database
 
     model = load(out["target"], args)
     inputs = random_inputs(model, args.seed)
     ref, ort = onnxruntime_timer(model.onnx_model, inputs, num_cores(target))
-    timers = {"untuned": model_timer(tvm.compile(model.mod, target=target), inputs, target), "onnxruntime": ort}
+    timers = {"untuned": tvm_timer(tvm.compile(model.mod, target=target), inputs, target), "onnxruntime": ort}
     arms = [k for k in ("reuse_unranked", "reuse", "reuse_raindrop", "reuse_raindrop0", "ms", "scratch")
             if f"{k}_tuning_s" in out]
     for key in arms:
         if key == "ms":  # (e): MetaSchedule's JSON database, compiled as stormdrop compiles its own
             import tvm.s_tir.meta_schedule as ms
 
-            from stormdrop.model.run import compile_model
-            from stormdrop.model.tune import extract_tasks
-
             fused, _ = extract_tasks(model, target)
             mdb = ms.database.JSONDatabase(work_dir=os.path.join(db_dir, f"{out['target']}_ms"))
             ex = compile_model(fused, mdb, target)
-            err, scale = max_abs_diff(run_model(ex, inputs, target, time_it=False)[0], ref)
+            err, scale = max_abs_diff(run_tvm(ex, inputs, target, time_it=False)[0], ref)
             out["ms_max_abs_diff"] = err
             if err <= 1e-3 * scale:  # (stormdrop's arms are checked when tuned: side_by_side)
-                timers[key] = model_timer(ex, inputs, target)
+                timers[key] = tvm_timer(ex, inputs, target)
             else:
                 print(f"(e) MetaSchedule's build is wrong (max |diff| {err:.3g}): not timed", flush=True)
             continue
-        with Database(os.path.join(db_dir, f"{out['target']}_{key}.db")) as d:
+        with open_database(os.path.join(db_dir, f"{out['target']}_{key}.db")) as d:
             ex, rows = tuned_build(model, d, target)
         out[f"{key}_tasks_tuned"] = f"{sum(r.latency_s is not None for r in rows)}/{len(rows)}"
-        timers[key] = model_timer(ex, inputs, target)
-    out.update({f"{k}_s": v for k, v in interleaved(timers, rounds=args.rounds).items()})
+        timers[key] = tvm_timer(ex, inputs, target)
+    out.update({f"{k}_s": v for k, v in in_turns(timers, rounds=args.rounds).items()})
     gain = out["untuned_s"] - out["scratch_s"]
     for key in (k for k in arms[:-1] if f"{k}_s" in out):
         out[f"{key}_fraction"] = out["scratch_s"] / out[f"{key}_s"]

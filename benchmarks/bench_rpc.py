@@ -35,9 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="append the table to this Markdown file")
     args = p.parse_args(argv)
 
-    from stormdrop import parse_kernel
-    from stormdrop.measure.gateway import Gateway, MeasureConfig
-    from stormdrop.search.storm import Storm, StormConfig
+    from stormdrop import MeasureConfig, StormConfig, parse_kernel
+    from stormdrop.measure.gateway import Gateway
+    from stormdrop.search.storm import Storm
     from stormdrop.target import canonical, host_target
 
     target = host_target()

@@ -49,19 +49,17 @@ def changed_lowering(spec: str):
 
 
 def bench_one(spec: str, args: argparse.Namespace, target, work: str) -> dict:
-    from stormdrop import ModelOptions, load_model, tune_model
-    from stormdrop.model.bench import tuned_build
-    from stormdrop.model.run import (
-        interleaved,
+    from stormdrop import ModelOptions, extract_tasks, load_model, open_database, tune_model
+    from stormdrop.target import num_cores
+    from stormdrop.timing import (
+        in_turns,
         max_abs_diff,
-        model_timer,
-        num_cores,
+        peers,
         random_inputs,
-        run_model,
+        run_tvm,
+        tuned_build,
+        tvm_timer,
     )
-    from stormdrop.model.runtimes import onnxruntime_timer, openvino_timer
-    from stormdrop.model.tune import extract_tasks
-    from stormdrop.storage.database import Database
 
     model = load_model(spec, resolution=args.resolution, seed=args.seed)
     db_path = os.path.join(work, f"{os.path.basename(spec)}.db")
@@ -70,12 +68,10 @@ def bench_one(spec: str, args: argparse.Namespace, target, work: str) -> dict:
     for arm, trials in (("default", args.trials), ("changed", args.trials + args.change_trials)):
         tune_model(model, ModelOptions(trials=trials, seed=args.seed, lowering=arms[arm]), target=target, db=db_path)
     inputs = random_inputs(model, args.seed)
-    ref, ort = onnxruntime_timer(model.onnx_model, inputs, num_cores(target))
-    timers, out = {"onnxruntime": ort}, {"model": os.path.basename(spec), "diff": {}, "rows": {}}
-    ov = openvino_timer(model.onnx_model, inputs, num_cores(target))
-    if ov is not None:
-        timers["openvino"] = ov[1]
-    with Database(db_path, read_only=True) as db:
+    found = peers(model, inputs, num_cores(target))
+    ref, timers = found.reference, dict(found.timers)
+    out = {"model": os.path.basename(spec), "diff": {}, "rows": {}}
+    with open_database(db_path, read_only=True) as db:
         note = db.model_notes().get(model.name, {})
         for arm, lowering in arms.items():
             # both as the tunes lowered them (a trial cap that kept every convolution direct: the last
@@ -84,12 +80,12 @@ def bench_one(spec: str, args: argparse.Namespace, target, work: str) -> dict:
             ex, rows = tuned_build(model, db, target, lowering=lowering, deployed=False)
             _, tasks = extract_tasks(model, target, lowering)
             ids = [getattr(db.find_workload(k.mod), "workload_id", k.name) for k, _ in tasks]
-            outs, _ = run_model(ex, inputs, target, time_it=False)
+            outs, _ = run_tvm(ex, inputs, target, time_it=False)
             err, scale = max_abs_diff(outs, ref)
             out["diff"][arm] = err / scale
             out["rows"][arm] = {str(i): (r.name, r.weight, r.latency_s, r.trials) for i, r in zip(ids, rows)}
-            timers[arm] = model_timer(ex, inputs, target)
-    out["latency_s"] = interleaved(timers, rounds=args.rounds)
+            timers[arm] = tvm_timer(ex, inputs, target)
+    out["latency_s"] = in_turns(timers, rounds=args.rounds)
     return out
 
 

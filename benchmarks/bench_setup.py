@@ -31,7 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def references_s(tasks: list, target, arm: str) -> float:
     """Wall seconds from a fresh gateway to every task's reference made, as ``arm`` makes them."""
-    from stormdrop.measure.gateway import Gateway, MeasureConfig
+    from stormdrop import MeasureConfig
+    from stormdrop.measure.gateway import Gateway
 
     start = time.monotonic()
     with Gateway(target, MeasureConfig().for_models(target)) as gw:
@@ -46,8 +47,7 @@ def references_s(tasks: list, target, arm: str) -> float:
 
 
 def bench_one(spec: str, rounds: int, target) -> dict:
-    from stormdrop import load_model
-    from stormdrop.model.tune import extract_tasks
+    from stormdrop import extract_tasks, load_model
 
     name, _, res = spec.partition("@")
     model = load_model(name, resolution=int(res)) if res else load_model(name)

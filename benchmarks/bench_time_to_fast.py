@@ -32,8 +32,7 @@ HEADER = ["network", "budget s", "held out", "hub's exact tasks", "ONNX Runtime 
 
 def hub_tasks(name: str, resolution: int | None, target) -> tuple[int, int]:
     """(tasks whose workload the target's hub holds exactly, tasks) of the network as a tune lowers it."""
-    from stormdrop import load_model
-    from stormdrop.model.tune import extract_tasks
+    from stormdrop import extract_tasks, load_model
     from stormdrop.storage.donors import tuned_in
     from stormdrop.storage.hub import open_hub
     from stormdrop.target import canonical

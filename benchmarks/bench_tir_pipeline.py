@@ -52,20 +52,20 @@ def _counting_splits(changed: list[str]):
 def bench_one(path: str, args: argparse.Namespace, target) -> dict:
     from unittest import mock
 
-    from stormdrop import load_model
-    from stormdrop.model.bench import tuned_build
-    from stormdrop.model.run import (
-        interleaved,
+    from stormdrop import load_model, open_database
+    from stormdrop.target import num_cores
+    from stormdrop.timing import (
+        in_turns,
         kernel_times,
         max_abs_diff,
-        model_timer,
-        num_cores,
+        onnxruntime_timer,
+        openvino_timer,
         random_inputs,
-        run_model,
+        run_tvm,
+        tuned_build,
+        tvm_timer,
     )
-    from stormdrop.model.runtimes import onnxruntime_timer, openvino_timer
-    from stormdrop.storage.database import Database
-    from stormdrop.tvm_compat import tir_pipeline
+    from stormdrop.tvm_compat import tir_pipeline  # what this benchmark changes: an internal
 
     model = load_model(path, seed=args.seed)
     inputs = random_inputs(model, args.seed)
@@ -77,14 +77,14 @@ def bench_one(path: str, args: argparse.Namespace, target) -> dict:
     db_path = os.path.join(args.db_dir, os.path.basename(path) + ".db")
     changed: list[str] = []
     builds = {}
-    with Database(db_path, read_only=True) as db:
+    with open_database(db_path, read_only=True) as db:
         for arm, pipeline in (("default", "default"), ("stormdrop", None)):
             with mock.patch.object(tir_pipeline, "split_row_vectors", _counting_splits(changed)):
                 ex, rows = tuned_build(model, db, target, tir_pipeline=pipeline)
-            outs, _ = run_model(ex, inputs, target, time_it=False)
+            outs, _ = run_tvm(ex, inputs, target, time_it=False)
             err, scale = max_abs_diff(outs, ref)
             out["diff"][arm] = err / scale
-            timers[arm] = model_timer(ex, inputs, target)
+            timers[arm] = tvm_timer(ex, inputs, target)
             builds[arm] = ex
     out["tasks"], out["kernels_split"] = len(rows), sorted(set(changed))
     # the split kernels' time inside each build: the medians of three runs of 10, the builds taking turns
@@ -94,7 +94,7 @@ def bench_one(path: str, args: argparse.Namespace, target) -> dict:
             per = kernel_times(ex, inputs, target, runs=10)
             times[arm].append(sum(v for k, v in per.items() if k in out["kernels_split"]))
     out["split_kernels_s"] = {arm: sorted(v)[len(v) // 2] for arm, v in times.items() if v}
-    out["latency_s"] = interleaved(timers, rounds=args.rounds)
+    out["latency_s"] = in_turns(timers, rounds=args.rounds)
     return out
 
 

@@ -29,17 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     from stormdrop.target import host_target, physical_cores
 
     pin_threads(physical_cores())
-    from stormdrop import load_model
-    from stormdrop.model.bench import tuned_build
-    from stormdrop.model.run import (
-        interleaved,
-        model_timer,
-        num_cores,
-        random_inputs,
-    )
-    from stormdrop.model.runtimes import onnxruntime_timer
-    from stormdrop.storage.database import Database
-    from stormdrop.target import canonical
+    from stormdrop import load_model, open_database
+    from stormdrop.target import canonical, num_cores
+    from stormdrop.timing import in_turns, onnxruntime_timer, random_inputs, tuned_build, tvm_timer
 
     target = host_target()
     out = {"command": " ".join(["benchmarks/reuse_ab_timing.py", *(argv or sys.argv[1:])]),
@@ -50,16 +42,16 @@ def main(argv: list[str] | None = None) -> int:
         inputs = random_inputs(model, 0)
         _, ort = onnxruntime_timer(model.onnx_model, inputs, num_cores(target))
         timers = {"onnxruntime": ort}
-        with Database(os.path.join(dirs[0], f"{name}_scratch.db")) as d:
-            timers["scratch"] = model_timer(tuned_build(model, d, target)[0], inputs, target)
+        with open_database(os.path.join(dirs[0], f"{name}_scratch.db")) as d:
+            timers["scratch"] = tvm_timer(tuned_build(model, d, target)[0], inputs, target)
         row = {"target": name}
         for arm, db_dir in zip("AB", dirs):
-            with Database(os.path.join(db_dir, f"{name}_reuse_raindrop.db")) as d:
-                timers[arm] = model_timer(tuned_build(model, d, target)[0], inputs, target)
+            with open_database(os.path.join(db_dir, f"{name}_reuse_raindrop.db")) as d:
+                timers[arm] = tvm_timer(tuned_build(model, d, target)[0], inputs, target)
             with open(os.path.join(db_dir, "tuning.json")) as f:
                 tuning = [t for t in json.load(f)["pairs"] if t["target"] == name][0]
             row[f"{arm}_tuning_s"], row["scratch_tuning_s"] = tuning["reuse_raindrop_tuning_s"], tuning["scratch_tuning_s"]
-        row.update({f"{k}_s": v for k, v in interleaved(timers, rounds=args.rounds).items()})
+        row.update({f"{k}_s": v for k, v in in_turns(timers, rounds=args.rounds).items()})
         for arm in "AB":
             row[f"{arm}_fraction"] = row["scratch_s"] / row[f"{arm}_s"]
             row[f"{arm}_time_share"] = row[f"{arm}_tuning_s"] / row["scratch_tuning_s"]

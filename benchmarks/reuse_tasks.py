@@ -19,9 +19,9 @@ import sys
 
 def bests(path: str, model: str) -> dict[str, tuple[int, float | None]]:
     """Task name -> (weight, best valid mean seconds or None) in the database ``path``."""
-    from stormdrop.storage.database import Database
+    from stormdrop import open_database
 
-    with Database(path) as d:
+    with open_database(path) as d:
         tasks = d.model_notes()[model]["tasks"]
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:

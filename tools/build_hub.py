@@ -25,8 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from stormdrop import Lowering, ModelOptions, SearchOptions, load_model, tune_model
-from stormdrop.storage.database import Database
+from stormdrop import Lowering, ModelOptions, SearchOptions, load_model, open_database, tune_model
 from stormdrop.storage.hub import SHIPPED_DIR, SUFFIX, isa_class, write_hub
 from stormdrop.target import describe, host_target
 
@@ -84,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{spec}: {shown} tuned, {time.monotonic() - t0:.0f} s", flush=True)
     out = args.out or str(SHIPPED_DIR / f"{isa}{SUFFIX}")
     base = None if args.replace or not Path(out).is_file() else Path(out)
-    dbs = [Database(path, read_only=True) for path in [args.db, *args.also]]
+    dbs = [open_database(path, read_only=True) for path in [args.db, *args.also]]
     try:
         got = write_hub(dbs, out, isa, base=base, models=None if args.models is None else
                         {m.strip() for m in args.models.split(",") if m.strip()})

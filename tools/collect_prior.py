@@ -12,8 +12,7 @@ import time
 
 from prior_kernels import TRAIN_KERNELS
 
-from stormdrop import KernelOptions, SearchOptions, tune_kernel
-from stormdrop.search.storm import StormConfig
+from stormdrop import KernelOptions, SearchOptions, StormConfig, tune_kernel
 
 
 def main() -> int:

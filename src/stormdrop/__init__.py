@@ -9,8 +9,12 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["KernelOptions", "Lowering", "ModelOptions", "SearchOptions", "__version__", "load_model",
-           "open_database", "parse_kernel", "tune_kernel", "tune_model"]
+__all__ = ["KernelOptions", "Lowering", "MeasureConfig", "ModelOptions", "Phase", "RaindropConfig", "SearchOptions",
+           "StormConfig", "__version__", "extract_tasks", "load_model", "open_database", "parse_kernel",
+           "tune_kernel", "tune_model"]
+
+# Public modules beside these names: ``stormdrop.timing`` (a tuned model timed beside ONNX Runtime
+# and OpenVINO) and ``stormdrop.target`` (the host target, parsing, canonical form).
 
 
 _PUBLIC = {  # name -> the module that defines it, imported on first use
@@ -22,6 +26,11 @@ _PUBLIC = {  # name -> the module that defines it, imported on first use
     "parse_kernel": "stormdrop.workloads",
     "Lowering": "stormdrop.lowering.pipeline",
     "load_model": "stormdrop.workloads.models",
+    "extract_tasks": "stormdrop.model.tune",
+    "StormConfig": "stormdrop.search.storm",
+    "RaindropConfig": "stormdrop.search.raindrop",
+    "MeasureConfig": "stormdrop.measure.gateway",
+    "Phase": "stormdrop.records",
 }
 
 

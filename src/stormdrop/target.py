@@ -1,4 +1,4 @@
-"""Targets: host detection (LLVM CPU name, physical cores), parsing, canonical form.
+"""Targets (a public module): host detection (LLVM CPU name, physical cores), parsing, canonical form.
 
 A CPU target without ``mcpu`` gives kernels several times slower on x86 (no AVX
 code generation), and MetaSchedule refuses a target without ``num-cores``, so the

@@ -69,3 +69,16 @@ def test_mobilenet_v3s_hard_activations_stay_nhwc():
     names = [k.name for k, _ in tasks]
     assert not [n for n in names if "clip" in n]
     assert len([n for n in names if "transpose" in n]) <= 2, names
+
+
+def test_the_importer_patch_lasts_only_while_stormdrop_imports():
+    """Loading a model gives Clips, HardSigmoid and HardSwish as Relax ops; afterwards TVM's own
+    ONNX importer is as it was (no process-wide change for other users of TVM in the process)."""
+    from tvm.relax.frontend.onnx import onnx_frontend as onnx_fe
+
+    classes = (onnx_fe.Clip, onnx_fe.HardSigmoid, onnx_fe.HardSwish)
+    before = [dict(vars(c)) for c in classes]
+    mod = load_model(str(FIXTURES / "tv_mobilenet_v3.onnx")).mod
+    assert [dict(vars(c)) for c in classes] == before
+    text = mod.script()
+    assert "R.maximum" in text and "R.minimum" in text and "R.clip" not in text

@@ -270,6 +270,21 @@ def test_a_small_trial_cap_tunes_direct_convolutions_and_bench_builds_them(tmp_p
         bench = bench_model(path, db=db)
     assert sorted(r.name for r in bench.tasks) == sorted(t.name for t in result.tasks)
     assert all(r.latency_s is not None for r in bench.tasks)
+    # the same through the public timing module, as the guide's "From Python" example does it
+    import stormdrop
+    from stormdrop import timing
+    from stormdrop.target import num_cores
+
+    model, target = stormdrop.load_model(path), host_target()
+    inputs = timing.random_inputs(model)
+    found = timing.peers(model, inputs, num_cores(target))
+    with stormdrop.open_database(tmp_path / "w.db", read_only=True) as db:
+        executable, rows = timing.tuned_build(model, db, target)
+    assert [r.name for r in rows] == [r.name for r in bench.tasks]
+    err, scale = timing.max_abs_diff(timing.run_tvm(executable, inputs, target, time_it=False)[0], found.reference)
+    assert err <= 1e-3 * scale
+    latency_s = timing.in_turns({**found.timers, "stormdrop": timing.tvm_timer(executable, inputs, target)}, rounds=1)
+    assert set(latency_s) == {"onnxruntime", "openvino", "stormdrop"} and min(latency_s.values()) > 0
 
 
 @pytest.mark.slow

@@ -60,3 +60,23 @@ def test_a_nan_or_infinity_the_reference_does_not_have_is_an_infinite_difference
                  [np.array([1.0, np.nan, np.inf]), np.array([np.nan, 3.0])],  # a NaN in the second output
                  [np.array([1.0, np.nan, np.inf]), np.array([2.0, -np.inf])]):
         assert max_abs_diff(outs, ref)[0] == np.inf
+
+
+def test_peers_time_openvino_only_when_it_runs_and_matches_and_say_why_not(monkeypatch):
+    model = from_onnx_model(transcendental_model(), "transcendentals")
+    found = model_run.peers(model, _inputs(), 2)
+    assert set(found.timers) == {"onnxruntime", "openvino"} and not found.missing
+    assert [r.shape for r in found.reference] == [r.shape for r in onnxruntime_timer(model.onnx_model, _inputs(), 2)[0]]
+
+    def wrong(onnx_model, inputs, threads):
+        outs, timer = openvino_timer(onnx_model, inputs, threads)
+        return [o * 1.01 for o in outs], timer
+
+    def broken(onnx_model, inputs, threads):
+        raise RuntimeError("Cannot create Gelu layer\nmore lines")
+
+    for fake, why in ((wrong, "wrong (max diff"), (lambda *a: None, "not installed"),
+                      (broken, "failed: Cannot create Gelu layer")):
+        monkeypatch.setattr(model_run, "openvino_timer", fake)
+        found = model_run.peers(model, _inputs(), 2)
+        assert set(found.timers) == {"onnxruntime"} and found.missing["openvino"].startswith(why), found.missing

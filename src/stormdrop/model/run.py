@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -306,10 +307,9 @@ def side_by_side(model: Model, ex: Any, inputs: dict[str, np.ndarray], target: T
         outs, timers = _outputs(vm, args), {"tuned": _timer(vm, dev, args)}
     ref, latency = untuned_outs, {"untuned": untuned_s, "onnxruntime": None, "openvino": None}
     if model.onnx_model is not None:
-        ref, timers["onnxruntime"] = onnxruntime_timer(model.onnx_model, inputs, num_cores(target))
-        openvino = _openvino(model, inputs, num_cores(target), ref)
-        if openvino is not None:
-            timers["openvino"] = openvino
+        found = peers(model, inputs, num_cores(target))
+        ref = found.reference
+        timers.update(found.timers)
     err, scale = max_abs_diff(outs, ref)
     if not err <= 1e-3 * scale:
         raise TuningError(f"{model.name}: the tuned model's output differs from the reference (max |diff| {err:.3g})")
@@ -317,23 +317,42 @@ def side_by_side(model: Model, ex: Any, inputs: dict[str, np.ndarray], target: T
     return latency, err
 
 
-def _openvino(model: Model, inputs: dict[str, np.ndarray], threads: int, ref: list[np.ndarray]) -> Any:
-    """OpenVINO's timer when it is installed, reads the model and matches the reference (1e-3 of
-    its scale, as the tuned model must); else ``None``, with a warning saying why."""
+@dataclass
+class Peers:
+    """The runtimes a model is compared with, on one set of inputs: ONNX Runtime's outputs (the
+    ``reference``), a timer for each peer that runs (``onnxruntime``; ``openvino`` when installed
+    and its outputs match the reference), and why a peer has no timer (``missing``)."""
+
+    reference: list[np.ndarray]
+    timers: dict[str, Callable[[], float]] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)
+
+
+def peers(model: Model, inputs: dict[str, np.ndarray], threads: int) -> Peers:
+    """ONNX Runtime and OpenVINO on ``model``'s ONNX graph with ``threads`` threads each. OpenVINO
+    is timed only when it is installed, reads the model and matches ONNX Runtime within 1e-3 of its
+    scale (as the tuned model must); otherwise ``missing["openvino"]`` says why, and a warning too."""
     import logging
 
     log = logging.getLogger("stormdrop")
+    ref, ort = onnxruntime_timer(model.onnx_model, inputs, threads)
+    found = Peers(ref, {"onnxruntime": ort})
     try:
-        found = openvino_timer(model.onnx_model, inputs, threads)
+        ov = openvino_timer(model.onnx_model, inputs, threads)
     except Exception as e:  # noqa: BLE001 - a peer that cannot run this model is a missing column
-        log.warning("OpenVINO could not run %s: %s", model.name, str(e).strip().splitlines()[0][:200])
-        return None
-    if found is None:
+        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        log.warning("OpenVINO could not run %s: %s", model.name, reason)
+        found.missing["openvino"] = f"failed: {reason}"
+        return found
+    if ov is None:
         log.info("OpenVINO is not installed (pip install stormdrop[openvino]): no OpenVINO column")
-        return None
-    outs, timer = found
+        found.missing["openvino"] = "not installed"
+        return found
+    outs, timer = ov
     err, scale = max_abs_diff(outs, ref)
     if not err <= 1e-3 * scale:
         log.warning("OpenVINO's output differs from ONNX Runtime's on %s (max |diff| %.3g): not timed", model.name, err)
-        return None
-    return timer
+        found.missing["openvino"] = f"wrong (max diff {err:.2g})"
+        return found
+    found.timers["openvino"] = timer
+    return found

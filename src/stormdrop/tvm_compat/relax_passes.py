@@ -4,10 +4,11 @@
   ``call_tir`` functions rather than Relax ops: ``ConvertLayout`` cannot see through them,
   so every ReLU6 of an NHWC model became its own kernel between two transposes (a large share
   of a MobileNet's time) and never fused into its convolution.
-  ``clip_as_relax_op`` makes the importer emit Relax ``maximum``/``minimum`` ops when the
-  bounds are constant scalars (other Clips keep the importer's own conversion), and for
-  ``HardSigmoid`` and ``HardSwish`` (float32), whose converters call ``relax.op.clip``: in an
-  NHWC MobileNetV3 each SE gate and hardswish was a kernel with transposes inside.
+  ``clips_as_relax_ops`` (a context manager: the importer is TVM's own again after it) makes the
+  importer emit Relax ``maximum``/``minimum`` ops when the bounds are constant scalars (other
+  Clips keep the importer's own conversion), and for ``HardSigmoid`` and ``HardSwish``
+  (float32), whose converters call ``relax.op.clip``: in an NHWC MobileNetV3 each SE gate and
+  hardswish was a kernel with transposes inside.
 - ``relax.transform.CombineParallelMatmul`` (one GEMM for a transformer's Q, K and V
   projections, which share their input) matches only weights and biases bound to
   variables; an imported model's are inline constants, so it merged nothing.
@@ -27,8 +28,9 @@
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import tvm
@@ -54,11 +56,25 @@ def _relax_clip(x: Any, lo: float, hi: float) -> Any:
     return out if hi == math.inf else relax.op.minimum(out, relax.const(hi, "float32"))
 
 
-@functools.cache
-def clip_as_relax_op() -> None:
-    """Make the ONNX importer emit Relax ops for Clips with constant bounds (once)."""
+@contextlib.contextmanager
+def clips_as_relax_ops() -> Iterator[None]:
+    """Inside: the ONNX importer emits Relax ops for Clips with constant bounds, HardSigmoid and
+    HardSwish; on exit its converters are TVM's own again (nothing else in the process sees the
+    change once the import is done)."""
     from tvm.relax.frontend.onnx import onnx_frontend as onnx_fe
 
+    saved = [(cls, name, cls.__dict__[name]) for cls, name in (
+        (onnx_fe.Clip, "_impl_v13"), (onnx_fe.Clip, "_impl_v11"), (onnx_fe.Clip, "_impl_v1"),
+        (onnx_fe.HardSigmoid, "_impl_v1"), (onnx_fe.HardSwish, "_impl_v14"))]
+    _patch_clips(onnx_fe)
+    try:
+        yield
+    finally:
+        for cls, name, impl in saved:
+            setattr(cls, name, impl)
+
+
+def _patch_clips(onnx_fe: Any) -> None:
     clip = onnx_fe.Clip
     v13 = clip._impl_v13.__func__
 

@@ -88,9 +88,7 @@ def from_onnx_model(model: Any, name: str, *, input_shapes: dict[str, tuple[int,
     from tvm.relax.frontend.onnx import from_onnx
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    from stormdrop.tvm_compat.relax_passes import clip_as_relax_op
-
-    clip_as_relax_op()  # ReLU6 as Relax ops, so that layouts propagate and it fuses
+    from stormdrop.tvm_compat.relax_passes import clips_as_relax_ops
 
     supported = _get_convert_map()
     unsupported = sorted({n.op_type for n in model.graph.node if n.op_type not in supported})
@@ -122,7 +120,8 @@ def from_onnx_model(model: Any, name: str, *, input_shapes: dict[str, tuple[int,
         raise SpecError(f"--input-shape: the model has no input {', '.join(overrides)} "
                         f"(inputs: {', '.join(shapes)})")
     try:
-        mod = from_onnx(model, shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=False)
+        with clips_as_relax_ops():  # ReLU6 as Relax ops, so that layouts propagate and it fuses
+            mod = from_onnx(model, shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=False)
     except Exception as err:  # noqa: BLE001 - the importer raises many types
         first = (str(err).strip().splitlines() or [type(err).__name__])[-1][:300]
         raise SpecError(f"--model: {name}: the ONNX importer failed: {first}") from None
