@@ -137,8 +137,11 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
     inputs = random_inputs(model, args.seed)
     found = peers(model, inputs, num_cores(target))
     ref = found.reference
-    out = {"model": name, "openvino_s": None, **({"openvino_status": found.missing["openvino"]}
-                                                  if "openvino" in found.missing else {})}
+    out = {"model": name, "openvino_s": None}
+    if "openvino" in found.errors:  # a failure is a cell: its one-line reason
+        out["openvino_status"] = f"failed: {short(found.errors['openvino'])}"
+    elif "openvino" in found.missing:
+        out["openvino_status"] = found.missing["openvino"]
     timers = dict(found.timers)  # every peer's latency is taken at the end, peers taking turns
     with tempfile.TemporaryDirectory(prefix="bench-sd-") as tmp:
         db_path = os.path.join(tmp, "sd.sqlite")

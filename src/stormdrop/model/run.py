@@ -321,11 +321,13 @@ def side_by_side(model: Model, ex: Any, inputs: dict[str, np.ndarray], target: T
 class Peers:
     """The runtimes a model is compared with, on one set of inputs: ONNX Runtime's outputs (the
     ``reference``), a timer for each peer that runs (``onnxruntime``; ``openvino`` when installed
-    and its outputs match the reference), and why a peer has no timer (``missing``)."""
+    and its outputs match the reference), why a peer has no timer (``missing``) and, where it
+    failed, the exception (``errors``)."""
 
     reference: list[np.ndarray]
     timers: dict[str, Callable[[], float]] = field(default_factory=dict)
     missing: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, BaseException] = field(default_factory=dict)
 
 
 def peers(model: Model, inputs: dict[str, np.ndarray], threads: int) -> Peers:
@@ -339,17 +341,17 @@ def peers(model: Model, inputs: dict[str, np.ndarray], threads: int) -> Peers:
     found = Peers(ref, {"onnxruntime": ort})
     try:
         ov = openvino_timer(model.onnx_model, inputs, threads)
+        err, scale = max_abs_diff(ov[0], ref) if ov is not None else (0.0, 1.0)
     except Exception as e:  # noqa: BLE001 - a peer that cannot run this model is a missing column
         reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         log.warning("OpenVINO could not run %s: %s", model.name, reason)
-        found.missing["openvino"] = f"failed: {reason}"
+        found.missing["openvino"], found.errors["openvino"] = f"failed: {reason}", e
         return found
     if ov is None:
         log.info("OpenVINO is not installed (pip install stormdrop[openvino]): no OpenVINO column")
         found.missing["openvino"] = "not installed"
         return found
-    outs, timer = ov
-    err, scale = max_abs_diff(outs, ref)
+    timer = ov[1]
     if not err <= 1e-3 * scale:
         log.warning("OpenVINO's output differs from ONNX Runtime's on %s (max |diff| %.3g): not timed", model.name, err)
         found.missing["openvino"] = f"wrong (max diff {err:.2g})"

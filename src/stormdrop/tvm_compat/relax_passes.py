@@ -66,8 +66,8 @@ def clips_as_relax_ops() -> Iterator[None]:
     saved = [(cls, name, cls.__dict__[name]) for cls, name in (
         (onnx_fe.Clip, "_impl_v13"), (onnx_fe.Clip, "_impl_v11"), (onnx_fe.Clip, "_impl_v1"),
         (onnx_fe.HardSigmoid, "_impl_v1"), (onnx_fe.HardSwish, "_impl_v14"))]
-    _patch_clips(onnx_fe)
     try:
+        _patch_clips(onnx_fe)
         yield
     finally:
         for cls, name, impl in saved:

@@ -119,12 +119,12 @@ def from_onnx_model(model: Any, name: str, *, input_shapes: dict[str, tuple[int,
     if overrides:
         raise SpecError(f"--input-shape: the model has no input {', '.join(overrides)} "
                         f"(inputs: {', '.join(shapes)})")
-    try:
-        with clips_as_relax_ops():  # ReLU6 as Relax ops, so that layouts propagate and it fuses
+    with clips_as_relax_ops():  # ReLU6 as Relax ops, so that layouts propagate and it fuses
+        try:
             mod = from_onnx(model, shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=False)
-    except Exception as err:  # noqa: BLE001 - the importer raises many types
-        first = (str(err).strip().splitlines() or [type(err).__name__])[-1][:300]
-        raise SpecError(f"--model: {name}: the ONNX importer failed: {first}") from None
+        except Exception as err:  # noqa: BLE001 - the importer raises many types
+            first = (str(err).strip().splitlines() or [type(err).__name__])[-1][:300]
+            raise SpecError(f"--model: {name}: the ONNX importer failed: {first}") from None
     return Model(name, mod, {k: (shapes[k], dtypes[k]) for k in shapes}, onnx_model=model)
 
 
