@@ -135,6 +135,27 @@ def test_a_hub_grows_from_its_own_file_without_its_earlier_build_databases(tmp_p
     assert _hub_lines(tmp_path / "grown.jsonl.gz")[1:] == _hub_lines(first)[1:]  # kept as written there
 
 
+def test_a_workload_written_twice_under_other_variable_names_is_one_workload_the_fastest(tmp_path, source_db):
+    """A hub grown from databases of several networks meets the same kernel under other variable
+    names (``lv236`` / ``lv201``): one workload, as a database keys it (structurally equal, the same
+    block names), written once where its best is fastest."""
+    path, _, _ = source_db
+    first = tmp_path / "first.jsonl.gz"
+    with Database(path, read_only=True) as db:
+        hub.write_hub(db, first, "x86-avx512", per_workload=1)
+    head, row = _hub_lines(first)
+    renamed = json.loads(json.dumps(row))
+    renamed["mod"] = row["mod"].replace('"data":"A"', '"data":"X"')
+    assert renamed["mod"] != row["mod"]
+    renamed["records"][0]["run_secs"] = [2 * t for t in row["records"][0]["run_secs"]]  # slower
+    twice = tmp_path / "twice.jsonl.gz"
+    _write_lines(twice, [head, renamed, row])
+    with Database(tmp_path / "empty.db") as empty:
+        merged = hub.write_hub(empty, tmp_path / "merged.jsonl.gz", "x86-avx512", base=twice)
+    assert merged.workloads == 1
+    assert [x["mod"] for x in _hub_lines(tmp_path / "merged.jsonl.gz")[1:]] == [row["mod"]]
+
+
 def test_a_hub_written_for_some_models_holds_their_tasks_only(tmp_path, source_db):
     path, wid, _ = source_db
     with Database(path, read_only=True) as db:  # net512's note names no task

@@ -21,13 +21,12 @@ from dataclasses import dataclass, field, replace
 
 import tvm
 import tvm.s_tir.meta_schedule as ms
-import tvm_ffi
 
 from stormdrop.errors import DatabaseError, one_line
 from stormdrop.records import IMPORTED, ErrorKind, MeasureResult, Phase, Record
 from stormdrop.storage._claims import Claims
 from stormdrop.storage._schema import RECORD_COLS, WORKLOAD_COLS, open_connection, record_from_row
-from stormdrop.storage.identity import as_module, block_names
+from stormdrop.storage.identity import as_module, same_workload
 from stormdrop.target import canonical, from_canonical
 from stormdrop.tvm_compat.trace_json import load_object_json
 
@@ -191,7 +190,7 @@ class Database(Claims):
         )
         for row in rows:
             entry = self._entry(row)
-            if tvm_ffi.structural_equal(entry.mod, mod) and block_names(entry.mod) == block_names(mod):
+            if same_workload(entry.mod, mod):
                 return entry
         return None
 

@@ -33,6 +33,7 @@ import time
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import tvm
 import tvm.s_tir.meta_schedule as ms
@@ -41,7 +42,7 @@ from tvm.target import Target
 from stormdrop.errors import DatabaseError, one_line
 from stormdrop.records import IMPORTED, MeasureResult, Phase, Record
 from stormdrop.storage.database import Database, WorkloadEntry, candidate_key
-from stormdrop.storage.identity import as_module
+from stormdrop.storage.identity import as_module, same_workload
 from stormdrop.storage.metaschedule import checked_run_secs
 from stormdrop.tvm_compat.trace_json import check_trace_json, load_object_json
 
@@ -314,12 +315,15 @@ def write_hub(db: Database | Sequence[Database], path: str | os.PathLike, isa: s
                              "records": [{"trace": r.trace_json, "args_info": r.args_info_json,
                                           "run_secs": list(r.result.run_secs or ()), "measured_at": r.measured_at}
                                          for r in best]})
-    merged: dict[str, dict] = {}
-    for row in rows:  # one entry a workload: the fastest best wins
-        key = row["shash"] + row["mod"]
-        old = merged.get(key)
-        if old is None or min(row["records"][0]["run_secs"]) < min(old["records"][0]["run_secs"]):
-            merged[key] = row
+    merged: dict[str, list[tuple[Any, dict]]] = {}  # structural hash -> (module, row) of each workload
+    for row in rows:  # one entry a workload (``same_workload``: as a database keys it), the fastest best wins
+        mod = load_object_json(row["mod"])
+        same = merged.setdefault(row["shash"], [])
+        k = next((k for k, (other, _) in enumerate(same) if same_workload(other, mod)), None)
+        if k is None:
+            same.append((mod, row))
+        elif min(row["records"][0]["run_secs"]) < min(same[k][1]["records"][0]["run_secs"]):
+            same[k] = (mod, row)
     head = {"stormdrop_hub": FORMAT, "isa": isa, "tvm": tvm.__version__, "built_at": time.time(),
             "machines": sorted(machines), "models": sorted(names)}
     out = Path(path)
@@ -327,7 +331,8 @@ def write_hub(db: Database | Sequence[Database], path: str | os.PathLike, isa: s
     tmp = out.with_name(out.name + ".tmp")
     with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
         f.write(json.dumps(head) + "\n")
-        for row in merged.values():
-            f.write(json.dumps(row) + "\n")
+        for same in merged.values():
+            for _, row in same:
+                f.write(json.dumps(row) + "\n")
     os.replace(tmp, out)
     return info(out)

@@ -20,6 +20,13 @@ def block_names(mod: tvm.IRModule | Schedule) -> tuple[str, ...]:
     return tuple(sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root")))
 
 
+def same_workload(a: tvm.IRModule, b: tvm.IRModule) -> bool:
+    """One workload: structurally equal (names of variables and buffers aside) with the same block names."""
+    import tvm_ffi
+
+    return bool(tvm_ffi.structural_equal(a, b)) and block_names(a) == block_names(b)
+
+
 def as_module(mod: Any) -> tvm.IRModule:
     """``mod`` as an IRModule (a PrimFunc becomes its ``main``); TypeError for anything else."""
     if isinstance(mod, tvm.IRModule):
