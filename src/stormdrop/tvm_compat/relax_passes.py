@@ -63,18 +63,19 @@ def clips_as_relax_ops() -> Iterator[None]:
     change once the import is done)."""
     from tvm.relax.frontend.onnx import onnx_frontend as onnx_fe
 
-    saved = [(cls, name, cls.__dict__[name]) for cls, name in (
-        (onnx_fe.Clip, "_impl_v13"), (onnx_fe.Clip, "_impl_v11"), (onnx_fe.Clip, "_impl_v1"),
-        (onnx_fe.HardSigmoid, "_impl_v1"), (onnx_fe.HardSwish, "_impl_v14"))]
+    converters = _clip_converters(onnx_fe)
+    saved = {(cls, name): cls.__dict__[name] for cls, name in converters}
     try:
-        _patch_clips(onnx_fe)
+        for (cls, name), impl in converters.items():
+            setattr(cls, name, impl)
         yield
     finally:
-        for cls, name, impl in saved:
+        for (cls, name), impl in saved.items():
             setattr(cls, name, impl)
 
 
-def _patch_clips(onnx_fe: Any) -> None:
+def _clip_converters(onnx_fe: Any) -> dict[tuple[type, str], classmethod]:
+    """The converters ``clips_as_relax_ops`` puts in place: (class, ``_impl_vN``) -> classmethod."""
     clip = onnx_fe.Clip
     v13 = clip._impl_v13.__func__
 
@@ -90,10 +91,6 @@ def _patch_clips(onnx_fe: Any) -> None:
 
     def impl_v1(cls: Any, bb: Any, inputs: Any, attr: Any, params: Any) -> Any:
         return _relax_clip(inputs[0], float(attr.get("min", -math.inf)), float(attr.get("max", math.inf)))
-
-    clip._impl_v13 = classmethod(impl_v13)
-    clip._impl_v11 = classmethod(impl_v13)
-    clip._impl_v1 = classmethod(impl_v1)
 
     # HardSigmoid and HardSwish (MobileNetV3's SE gates and activations) are clips too
     def hard_sigmoid(cls: Any, bb: Any, inputs: Any, attr: Any, params: Any) -> Any:
@@ -117,8 +114,9 @@ def _patch_clips(onnx_fe: Any) -> None:
 
     hard_sigmoid_v1 = onnx_fe.HardSigmoid._impl_v1.__func__
     hard_swish_v14 = onnx_fe.HardSwish._impl_v14.__func__
-    onnx_fe.HardSigmoid._impl_v1 = classmethod(hard_sigmoid)
-    onnx_fe.HardSwish._impl_v14 = classmethod(hard_swish)
+    return {(clip, "_impl_v13"): classmethod(impl_v13), (clip, "_impl_v11"): classmethod(impl_v13),
+            (clip, "_impl_v1"): classmethod(impl_v1), (onnx_fe.HardSigmoid, "_impl_v1"): classmethod(hard_sigmoid),
+            (onnx_fe.HardSwish, "_impl_v14"): classmethod(hard_swish)}
 
 
 def _bind_constant_operands(func: Any) -> Any:
