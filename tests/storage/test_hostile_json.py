@@ -250,3 +250,20 @@ def test_a_trace_tvm_would_crash_on_is_refused(where, value) -> None:
     node[where[-1]] = value
     with pytest.raises(ValueError):
         check_trace_json(trace)
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_a_trace_whose_index_map_would_crash_tvm_is_refused(how) -> None:
+    """TransformLayout (the parity planes' sketches) carries its index map as an object graph inside
+    the trace, which TVM decodes recursively: a crafted one is refused like a crafted module."""
+    from stormdrop.search.parity import planes
+    from stormdrop.tvm_compat.trace_json import trace_to_json
+    from stormdrop.workloads import parse_kernel
+
+    trace = json.loads(trace_to_json(planes(parse_kernel(
+        "depthwise_conv2d:N=1,C=16,H=32,W=32,R=3,S=3,stride=2,pad=1").mod).trace))
+    check_trace_json(trace)
+    (inst,) = [i for i in trace[0] if i[0] == "TransformLayout"]
+    inst[1][1] = _crafted(json.loads(inst[1][1]), how)
+    with pytest.raises(ValueError, match="TransformLayout"):
+        check_trace_json(trace)

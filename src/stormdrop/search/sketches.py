@@ -1,8 +1,9 @@
 """A workload's design space on a target, made once per task and shared by its phases.
 
 The sketches are MetaSchedule's design space for the workload (``post-order-apply``, or the
-tensor-core one for float16 on a GPU that has tensor cores), each with random decisions drawn
-once from the task's seed; the storm samples and evolves from them, reuse moves donors'
+tensor-core one for float16 on a GPU that has tensor cores) and, on a CPU, MetaSchedule's sketches
+of the workload with its stride-2 padded inputs stored as parity planes (``search.parity``), each
+with random decisions drawn once from the task's seed; the storm samples and evolves from them, reuse moves donors'
 decisions into them, and the raindrop replays its moves through their postprocessors. The
 ``TuneContext`` they come from also makes the cost model's features (``cost_model.CostModel``).
 It measures, stores and proposes nothing.
@@ -12,8 +13,10 @@ from __future__ import annotations
 
 import tvm
 import tvm.s_tir.meta_schedule as ms
+from tvm.s_tir import Schedule
 from tvm.target import Target
 
+from stormdrop.search import parity
 from stormdrop.target import num_cores, physical_cores
 from stormdrop.tvm_compat.intrinsics import (
     load_tensor_intrinsics,
@@ -26,7 +29,7 @@ class Sketches:
     """The design space of ``mod`` on ``target``, its random decisions drawn from ``seed``."""
 
     def __init__(self, mod: tvm.IRModule, target: Target, seed: int) -> None:
-        self.mod, self.target = mod, target
+        self.mod, self.target, self.seed = mod, target, seed
         self.context = make_context(mod, target, seed=seed)
         self._spaces: list | None = None
 
@@ -36,14 +39,31 @@ class Sketches:
         return self.context.space_generator.postprocs
 
     def spaces(self) -> list:
-        """The sketches (design spaces, random decisions), made at first use; none on a CPU that
-        rfactors a short reduction of many outputs (a pooling window)."""
+        """The sketches (design spaces, random decisions), made at first use; on a CPU, besides
+        them the sketches of the workload with its stride-2 padded inputs as parity planes
+        (``search.parity``), and none that rfactors a short reduction of many outputs (a pooling
+        window)."""
         if self._spaces is None:
             spaces = list(self.context.generate_design_space())
             if self.target.kind.name == "llvm":
+                spaces += self._parity_spaces()
                 spaces = without_needless_rfactor(spaces, self.mod, num_cores(self.target) or physical_cores())
             self._spaces = spaces
         return self._spaces
+
+    def _parity_spaces(self) -> list:
+        """MetaSchedule's sketches of the workload rewritten by ``parity.planes``, each replayed on
+        the workload itself after the rewrite's instructions (none when nothing is read at stride 2)."""
+        planar = parity.planes(self.mod)
+        if planar is None:
+            return []
+        out = []
+        for space in make_context(planar.mod, self.target, seed=self.seed).generate_design_space():
+            sch = Schedule(self.mod)
+            planar.trace.apply_to_schedule(sch, remove_postproc=True)
+            space.trace.apply_to_schedule(sch, remove_postproc=True)
+            out.append(sch)
+        return out
 
 
 def make_context(mod: tvm.IRModule, target: Target, *, seed: int, strategy: object = "evolutionary",

@@ -17,6 +17,8 @@ the process on some input instead of raising:
   or loop) crashes too. ``check_trace_json`` allows ``null`` only where TVM's primitive takes an
   optional (``_NULLABLE_ATTRS``; Split's and LoopPartition's factors: one may be inferred), and
   decisions of integers only, tile sizes >= 1.
+- A trace's ``TransformLayout`` and ``TransformBlockLayout`` carry their index maps as object graphs
+  (JSON text inside the trace), which TVM decodes as below: ``check_trace_json`` checks them too.
 - ``tvm.ir.load_json`` decodes an object graph recursively: a graph whose node refers to itself
   or to a later node, or a chain of a few thousand nodes, overflows the stack (segmentation
   fault); so does deeply nested JSON text. A module from a file or a database row goes through
@@ -116,6 +118,12 @@ def check_trace_json(obj: Any) -> None:
         k = _null_at(inst[2], {at for kind, at in _NULLABLE_ATTRS if kind == inst[0]})
         if k is not None:
             raise ValueError(f"instruction {i} ({inst[0]}) has a null attribute {k}")
+        for x in _leaves(inst[1]) + _leaves(inst[2]):
+            if isinstance(x, str) and x.lstrip()[:1] in ("{", "["):  # JSON TVM decodes: an index map's graph
+                try:
+                    check_object_graph(x)
+                except ValueError as e:
+                    raise ValueError(f"instruction {i} ({inst[0]}) holds an object TVM cannot decode: {e}") from None
         defined.update(inst[3])
     for d in decisions:
         if not (isinstance(d, list) and len(d) == 2 and isinstance(d[0], int) and not isinstance(d[0], bool)
