@@ -3,8 +3,9 @@
 The sketches are MetaSchedule's design space for the workload (``post-order-apply``, or the
 tensor-core one for float16 on a GPU that has tensor cores) and, on a CPU, MetaSchedule's sketches
 of the workload with its stride-2 padded inputs stored as parity planes (``search.parity``), each
-with random decisions drawn once from the task's seed; the storm samples and evolves from them, reuse moves donors'
-decisions into them, and the raindrop replays its moves through their postprocessors. The
+with random decisions drawn once from the task's seed; the storm samples and evolves from them,
+reuse moves donors' decisions into them, and the raindrop replays its moves through their
+postprocessors. The
 ``TuneContext`` they come from also makes the cost model's features (``cost_model.CostModel``).
 It measures, stores and proposes nothing.
 """
