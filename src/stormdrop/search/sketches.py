@@ -5,16 +5,14 @@ tensor-core one for float16 on a GPU that has tensor cores) and, on a CPU, MetaS
 of the workload with its stride-2 padded inputs stored as parity planes (``search.parity``), each
 with random decisions drawn once from the task's seed; the storm samples and evolves from them,
 reuse moves donors' decisions into them, and the raindrop replays its moves through their
-postprocessors. The
-``TuneContext`` they come from also makes the cost model's features (``cost_model.CostModel``).
-It measures, stores and proposes nothing.
+postprocessors. The ``TuneContext`` they come from also makes the cost model's features
+(``cost_model.CostModel``). It measures, stores and proposes nothing.
 """
 
 from __future__ import annotations
 
 import tvm
 import tvm.s_tir.meta_schedule as ms
-from tvm.s_tir import Schedule
 from tvm.target import Target
 
 from stormdrop.search import parity
@@ -60,8 +58,7 @@ class Sketches:
             return []
         out = []
         for space in make_context(planar.mod, self.target, seed=self.seed).generate_design_space():
-            sch = Schedule(self.mod)
-            planar.trace.apply_to_schedule(sch, remove_postproc=True)
+            sch = planar.copy()  # the workload itself, the rewrite's instructions in its trace
             space.trace.apply_to_schedule(sch, remove_postproc=True)
             out.append(sch)
         return out
