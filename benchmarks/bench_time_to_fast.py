@@ -30,19 +30,22 @@ HEADER = ["network", "budget s", "held out", "hub's exact tasks", "ONNX Runtime 
           "no hub: faster than ORT after s"]
 
 
-def hub_tasks(name: str, resolution: int | None, target) -> tuple[int, int]:
-    """(tasks whose workload the target's hub holds exactly, tasks) of the network as a tune lowers it."""
-    from stormdrop import extract_tasks, load_model
+def hub_tasks(name: str, resolution: int | None, target, budget: float) -> tuple[int, int]:
+    """(tasks whose workload the target's hub holds exactly, tasks) of the network as a tune under
+    ``budget`` seconds lowers it (every convolution direct unless the hub holds its Winograd kernels)."""
+    from stormdrop import Lowering, extract_tasks, load_model
+    from stormdrop.model.tune import budgeted_tasks
     from stormdrop.storage.donors import tuned_in
     from stormdrop.storage.hub import open_hub
     from stormdrop.target import canonical
 
     model = load_model(name, **({"resolution": resolution} if resolution else {}))
-    _, tasks = extract_tasks(model, target)
     hub = open_hub(target)
     if hub is None:
-        return 0, len(tasks)
+        return 0, len(extract_tasks(model, target)[1])
     with hub:
+        _, tasks, _ = budgeted_tasks(model, target, Lowering(), extract_tasks(model, target), (None, budget), [hub],
+                                     True)
         return sum(tuned_in(k.mod, canonical(target), [hub]) for k, _ in tasks), len(tasks)
 
 
@@ -57,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/RESULTS.md")
     p.add_argument("--json", default=None)
+    p.add_argument("--exact-only", action="store_true",
+                   help="print each case's exact hub tasks per budget (what a row's column says) and exit: no tuning")
     args = p.parse_args(argv)
 
     import bench_models
@@ -80,8 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     for case in filter(None, (c.strip() for c in args.cases.split(","))):
         name, _, res_text = case.partition("@")
         res = int(res_text) if res_text else None
-        exact, num_tasks = hub_tasks(name, res, target)
+        if args.exact_only:
+            for budget in budgets:
+                exact, num_tasks = hub_tasks(name, res, target, budget)
+                print(f"{case}: {budget:.0f} s: the hub holds {exact} of its {num_tasks} tasks exactly", flush=True)
+            continue
         for budget in budgets:
+            exact, num_tasks = hub_tasks(name, res, target, budget)
             print(f"[{case}, {budget:.0f} s]", flush=True)
             margs = bench_models.parse_args(["--models", name, "--time-budget", str(budget), "--skip-ms",
                                              "--rounds", str(args.rounds), "--seed", str(args.seed), "--hub", args.hub]
@@ -98,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
                          ms_(nh.get("latency_s")), ratio(ort, sd.get("latency_s")), ratio(ort, nh.get("latency_s")),
                          ratio(ov, sd.get("latency_s")), ratio(ov, nh.get("latency_s")), after(sd), after(nh)])
             checkpoint(rows[-1], args.json, key, "cases", raw)
+    if args.exact_only:
+        return 0
     lines = ["", f"## Time to fast, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- machine: {machine()}; target: `{key}`", f"- command: `{' '.join(sys.argv)}`",
              f"- each row: `tune --model M --time-budget S` with the schedule hub ({bench_models._hub_name(target)}) "

@@ -229,6 +229,23 @@ def conv48(tmp_path) -> str:
     return path
 
 
+def test_the_tasks_a_budget_tunes_are_direct_without_donors_of_every_winograd_kernel(tmp_path):
+    """``budgeted_tasks`` (what ``tune_model`` and the time-to-fast benchmark's exact-task count use):
+    too small a budget for Winograd kernels lowers every convolution direct unless reuse is on and
+    the donors hold each one; a budget large enough keeps what the lowering gave."""
+    from stormdrop.lowering.pipeline import Lowering
+    from stormdrop.model.tune import budgeted_tasks
+
+    model, target = load_model(conv48(tmp_path)), host_target()
+    extracted = extract_tasks(model, target, Lowering())
+    assert any("winograd" in k.name for k, _ in extracted[1])
+    for budget, reuse in [((6, None), True), ((None, 30.0), True), ((6, None), False)]:
+        _, tasks, lowering = budgeted_tasks(model, target, Lowering(), extracted, budget, [], reuse)
+        assert lowering.winograd == "off" and tasks and not any("winograd" in k.name for k, _ in tasks)
+    fused, tasks, lowering = budgeted_tasks(model, target, Lowering(), extracted, (None, None), [], True)
+    assert (fused, tasks) == extracted and lowering == Lowering()
+
+
 @pytest.mark.slow
 def test_a_small_trial_cap_keeps_winograd_where_the_hub_holds_its_kernels(tmp_path):
     """Under the same small cap, a hub holding tuned Winograd kernels of every Winograd task of the

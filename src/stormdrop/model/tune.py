@@ -116,6 +116,29 @@ def extract_tasks(model: Model, target: Target, lowering: Lowering | None = None
     return fused, out
 
 
+def budgeted_tasks(model: Model, target: Target, lowering: Lowering, extracted: tuple[tvm.IRModule, list],
+                   budget: tuple[int | None, float | None], donor_dbs: list, reuse: bool
+                   ) -> tuple[tvm.IRModule, list[tuple[Kernel, int]], Lowering]:
+    """The fused module, tasks and lowering a tune under ``budget`` (trials, time budget) works on,
+    from those ``lowering`` gave (``extracted``): every convolution direct where the budget is too
+    small for Winograd kernels (``Lowering.for_budget``), unless ``reuse`` is on and the donors (the
+    schedule hub among them) hold every one of them."""
+    fused, tasks = extracted
+    trials, time_budget = budget
+    budgeted = lowering.for_budget(trials, len(tasks), time_budget)
+    budget_words = f"{trials} trials" if trials is not None else f"a {time_budget or 0:.0f}-s budget"
+    winograd = [k for k, _ in tasks if "winograd" in k.name]
+    if budgeted == lowering or not winograd:
+        return fused, tasks, lowering
+    if reuse and all(tuned_in(k.mod, canonical(target), donor_dbs) for k in winograd):
+        log.info("%s: %s for %d tasks: Winograd kept, every Winograd kernel has tuned schedules "
+                 "among the donors (the schedule hub)", model.name, budget_words, len(tasks))
+        return fused, tasks, lowering
+    log.info("%s: %s for %d tasks: every convolution direct (Winograd kernels need more "
+             "trials)", model.name, budget_words, len(tasks))
+    return *extract_tasks(model, target, budgeted), budgeted
+
+
 def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = None, db: Any = None) -> ModelResult:
     """Tune every task of a model as ``options`` say (``ModelOptions``; default: 1000 trials in
     all, 128 per task) on ``target`` (default: the host CPU), storing in ``db`` (a path or an open
@@ -135,24 +158,12 @@ def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = 
     measure = (opts.measure or MeasureConfig()).for_models(tgt)
     in_model_candidates = 1 if measure.rpc else opts.in_model_candidates  # the VM instrument times kernels here only
     lowering = opts.lowering or Lowering()
-    fused, tasks = extract_tasks(model, tgt, lowering)
+    extracted = extract_tasks(model, tgt, lowering)
     display = None
     try:
         with run_databases(db, search.reuse_from, tgt, search.hub_source) as (database, donor_dbs):
-            budgeted = lowering.for_budget(trials, len(tasks), opts.time_budget)
-            budget_words = f"{trials} trials" if trials is not None else f"a {opts.time_budget or 0:.0f}-s budget"
-            winograd = [k for k, _ in tasks if "winograd" in k.name]
-            if budgeted != lowering and winograd:
-                if search.reuse > 0 and Phase.REUSE in search.phases and all(
-                        tuned_in(k.mod, canonical(tgt), donor_dbs) for k in winograd):
-                    budgeted = lowering
-                    log.info("%s: %s for %d tasks: Winograd kept, every Winograd kernel has tuned schedules "
-                             "among the donors (the schedule hub)", model.name, budget_words, len(tasks))
-                else:
-                    log.info("%s: %s for %d tasks: every convolution direct (Winograd kernels need more "
-                             "trials)", model.name, budget_words, len(tasks))
-                    fused, tasks = extract_tasks(model, tgt, budgeted)
-            lowering = budgeted
+            fused, tasks, lowering = budgeted_tasks(model, tgt, lowering, extracted, (trials, opts.time_budget),
+                                                    donor_dbs, search.reuse > 0 and Phase.REUSE in search.phases)
             with Gateway(tgt, measure) as gateway:
                 stages = {"tasks": time.monotonic() - start}
                 sessions = [TaskSession(database, gateway, k, tgt, seed) for k, _ in tasks]
