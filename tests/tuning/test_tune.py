@@ -36,8 +36,10 @@ def test_kernel_with_packed_weights_is_measured_and_verified(tmp_path):
 @pytest.mark.slow
 @pytest.mark.alone
 def test_tiny_kernel_end_to_end_is_verified_and_resumes(tmp_path):
+    """With the final pick off (``final_candidates=1``, the default; its own test:
+    tests/tuning/test_verify.py) the reported kernel is the verified best record; with it, one of the 4 best."""
     db = tmp_path / "t.db"
-    result = tune_kernel(SPEC, KernelOptions(trials=8, exploit_trials=8, seed=1), db=db)
+    result = tune_kernel(SPEC, KernelOptions(trials=8, exploit_trials=8, seed=1, final_candidates=1), db=db)
     task = result.tasks[0]
     assert task.verified and task.latency_s > 0
     assert task.trials["storm"] == 8
@@ -62,12 +64,16 @@ def test_tiny_kernel_end_to_end_is_verified_and_resumes(tmp_path):
     ex["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
     np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4)
     # Re-running the same command measures nothing new and reports the same best.
-    again = tune_kernel(SPEC, KernelOptions(trials=8, exploit_trials=8, seed=1), db=db).tasks[0]
+    again = tune_kernel(SPEC, KernelOptions(trials=8, exploit_trials=8, seed=1, final_candidates=1), db=db).tasks[0]
     assert again.trials == {"reuse": 0, "storm": 0, "raindrop": 0, "failed": 0}
     assert again.trace_json == task.trace_json
     # the same schedule timed again by a fresh gateway (new worker processes): the same few-times bound
     assert again.latency_s != task.latency_s and 0.25 < again.latency_s / task.latency_s < 4
     assert len(_rows(db)) == len(records)
+    picked = tune_kernel(SPEC, KernelOptions(trials=8, exploit_trials=8, seed=1, final_candidates=4), db=db).tasks[0]
+    with Database(db) as d:
+        assert picked.trace_json in [r.trace_json for r in d.best(entry.workload_id, result.target, k=4)]
+    assert picked.verified and len(_rows(db)) == len(records)
 
 
 @pytest.mark.slow

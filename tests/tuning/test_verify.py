@@ -141,3 +141,39 @@ def test_the_tasks_of_a_gateway_are_verified_together_each_falling_back_alone(tm
         assert check.batches == [2, 1]
         assert [t.result.fallbacks for t in tasks] == [1, 0] and all(t.result.verified for t in tasks)
         assert [t.result.latency_s for t in tasks] == [pytest.approx(2.5e-3), pytest.approx(1.5e-3)]
+
+
+def test_a_kernel_reports_the_fastest_of_its_best_records_timed_in_turns(tmp_path, traces):
+    """``fastest_in_turns``: the verified best and the next records by stored time, timed side by side
+    in order and then in reverse (one batch); the fastest median wins, with that time. A record that
+    fails there is passed over; nothing is written to the database; k = 1 leaves the result as it was."""
+    from dbutil import TARGET
+
+    from stormdrop.records import MeasureResult
+    from stormdrop.tuning.task import TaskSession
+    from stormdrop.tuning.verify import fastest_in_turns, verify_bests
+
+    ok = _ok
+    with Database(tmp_path / "t.db") as db:
+        mod, kernel = _stored(db, traces, [1e-3, 1.1e-3, 1.2e-3, 1.3e-3])
+        records = db.records(db.find_workload(mod).workload_id)
+        # verification, then turns over records 0, 1, 2 and back: record 1 runs fastest now
+        gateway = ScriptedGateway([ok(1e-3), ok(1.5e-3), ok(1.2e-3), ok(1.4e-3), ok(1.4e-3), ok(1.2e-3), ok(1.5e-3)])
+        session = TaskSession(db, gateway, kernel, TARGET, 0)
+        verify_bests([session])
+        fastest_in_turns(session, 3)
+        assert session.result.trace_json == records[1].trace_json
+        assert session.result.latency_s == pytest.approx(1.2e-3)
+        # record 1 fails in the turns: the faster of the others (record 2 here)
+        wrong = MeasureResult.failure(ErrorKind.WRONG_RESULT, "differs")
+        gateway = ScriptedGateway([ok(1e-3), ok(1.5e-3), wrong, ok(1.3e-3), ok(1.3e-3), wrong, ok(1.5e-3)])
+        session = TaskSession(db, gateway, kernel, TARGET, 0)
+        verify_bests([session])
+        fastest_in_turns(session, 3)
+        assert session.result.trace_json == records[2].trace_json
+        assert session.result.latency_s == pytest.approx(1.3e-3)
+        session = TaskSession(db, ScriptedGateway([ok(1e-3)]), kernel, TARGET, 0)
+        verify_bests([session])
+        fastest_in_turns(session, 1)
+        assert session.result.trace_json == records[0].trace_json
+        assert [r.result for r in db.records(records[0].workload_id)] == [r.result for r in records]

@@ -69,7 +69,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     _check_runnable(target, args)
     options = KernelOptions(trials=64 if args.trials is None else args.trials, exploit_trials=args.exploit_trials,
                             time_budget=args.time_budget, seed=args.seed, search=_search_options(args),
-                            measure=_measure_config(args), progress=not args.no_progress and sys.stderr.isatty())
+                            measure=_measure_config(args), progress=not args.no_progress and sys.stderr.isatty(),
+                            final_candidates=args.final_candidates)
     log.info("tuning %s on %s", kernel.name, describe(target))
     result = tune_kernel(kernel, options, target=target, db=args.db)
     print(task_table(result.tasks))

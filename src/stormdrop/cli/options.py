@@ -113,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--combine-matmuls", action="store_true",
                    help="model: matmuls of one input by constant weights (Q/K/V) as one GEMM and a split")
     t.add_argument("--output", default=None, metavar="PATH", help="model: write the compiled model (.so)")
+    t.add_argument("--final-candidates", type=_positive(int, 1), default=1, metavar="K",
+                   help="kernel: report whichever of its K best records runs fastest timed side by side in turns "
+                        "(default 1: the best as stored; measured to gain little, RESULTS.md)")
     t.add_argument("--in-model-candidates", type=_positive(int, 1), default=1, metavar="K",
                    help="model: each task deploys whichever of its K best records runs fastest inside the compiled "
                         "model, each kernel timed in place (K model compiles after tuning; 1: the best as tuned). "

@@ -23,6 +23,7 @@ from stormdrop.tuning.budget import Budget
 from stormdrop.tuning.driver import drive, measured, run_databases
 from stormdrop.tuning.options import KernelOptions
 from stormdrop.tuning.task import TaskResult, TaskSession, TaskTuner
+from stormdrop.tuning.verify import fastest_in_turns
 from stormdrop.workloads import Kernel, parse_kernel
 
 
@@ -66,6 +67,8 @@ def tune_kernel(kernel: str | Kernel, options: KernelOptions | None = None, *,
                 bar.update(min(task.spent(Phase.STORM), trials) + min(task.spent(Phase.RAINDROP), exploit))
             tuner = TaskTuner(task, trials=trials, exploit_trials=exploit, search=search, donor_dbs=donor_dbs)
             drive([tuner], [task], [1], Budget(deadline=deadline), seed=opts.seed, storm=search.storm)  # one driver
+            if time.monotonic() < deadline:  # the final pick is not worth a time budget's overrun
+                fastest_in_turns(task, opts.final_candidates)
             task.result.tuning_s = time.monotonic() - start
     finally:
         if bar is not None:
