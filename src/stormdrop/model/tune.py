@@ -43,6 +43,7 @@ from stormdrop.target import canonical, parse_target
 from stormdrop.tuning.budget import Budget, first_batch_size, model_compiles, storm_share
 from stormdrop.tuning.driver import drive, measured, run_databases
 from stormdrop.tuning.task import TaskResult, TaskSession, TaskTuner
+from stormdrop.tuning.verify import records_after_verified
 from stormdrop.tvm_compat.runtime import export_library
 from stormdrop.workloads import Kernel
 from stormdrop.workloads.models import Model, load_model
@@ -227,11 +228,7 @@ def ranked_candidates(session: TaskSession, k: int) -> list[Deployable]:
                        candidate_key(session.result.trace_json))
     if k < 2:
         return [first]
-    verified = session.db.lookup(session.entry.workload_id, session.target_key, first.candidate_key)
-    records = session.db.best(session.entry.workload_id, session.target_key, k=session.result.fallbacks + k)
-    rest = [Deployable(r.trace_json, r.mean, r.candidate_key) for r in records
-            if verified is None or (r.mean, r.record_id) > (verified.mean, verified.record_id)]
-    return [first] + rest[:k - 1]
+    return [first] + [Deployable(r.trace_json, r.mean, r.candidate_key) for r in records_after_verified(session, k - 1)]
 
 
 def _ms_database(sessions: list[TaskSession], ranked: list[list[Deployable]], picks: list[int],

@@ -100,6 +100,16 @@ def _settle(task: TaskSession, rec: Record, check: MeasureResult, rank: int) -> 
     return False
 
 
+def records_after_verified(task: TaskSession, n: int) -> list[Record]:
+    """The task's next ``n`` records by stored time after its verified best (``verify_bests``);
+    records ranked above that one failed verification and are never among them."""
+    wid, tkey = task.entry.workload_id, task.target_key
+    verified = task.db.lookup(wid, tkey, candidate_key(task.result.trace_json))
+    records = task.db.best(wid, tkey, k=task.result.fallbacks + n + 1)
+    return [r for r in records
+            if verified is None or (r.mean, r.record_id) > (verified.mean, verified.record_id)][:n]
+
+
 def fastest_in_turns(task: TaskSession, k: int) -> None:
     """Of the task's verified best record and the ``k - 1`` next by stored time, keep the one that
     runs fastest when they are timed side by side, in turns (one batch, in order and then in reverse:
@@ -109,11 +119,10 @@ def fastest_in_turns(task: TaskSession, k: int) -> None:
     fails here is passed over (verification already checked the first)."""
     if k < 2 or not task.result.trace_json:
         return
-    wid, tkey = task.entry.workload_id, task.target_key
-    first = task.db.lookup(wid, tkey, candidate_key(task.result.trace_json))
-    later = [r for r in task.db.best(wid, tkey, k=task.result.fallbacks + k)
-             if first is not None and (r.mean, r.record_id) > (first.mean, first.record_id)]
-    chosen = [r for r in [first, *later][:k] if r is not None]
+    first = task.db.lookup(task.entry.workload_id, task.target_key, candidate_key(task.result.trace_json))
+    if first is None:
+        return
+    chosen = [first, *records_after_verified(task, k - 1)]
     mods = []
     for rec in chosen:
         try:

@@ -1,0 +1,109 @@
+"""A model's lowering under a small budget: every convolution direct (a Winograd kernel needs more
+trials than the budget gives its task), unless the donors (the schedule hub) hold every Winograd
+kernel of the model (``model.tune.budgeted_tasks``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from stormdrop.model.options import ModelOptions
+from stormdrop.model.tune import extract_tasks, tune_model
+from stormdrop.storage.database import Database
+from stormdrop.target import host_target
+from stormdrop.workloads.models import load_model
+
+
+def conv48(tmp_path) -> str:
+    """A 1x1 then a 48-channel 3x3 convolution at 28x28 (a Winograd kernel under --winograd auto)."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((48, 48, 3, 3)) * 0.05).astype("float32"), "w")
+    w1 = numpy_helper.from_array((rng.standard_normal((48, 3, 1, 1)) * 0.3).astype("float32"), "w1")
+    graph = helper.make_graph(  # a 1x1 first: the model's NCHW input is read by it, the 3x3 gets NHWC
+        [helper.make_node("Conv", ["input", "w1"], ["p"], kernel_shape=[1, 1]),
+         helper.make_node("Conv", ["p", "w"], ["c"], pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
+         helper.make_node("Relu", ["c"], ["output"])], "conv48",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 28, 28])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 48, 28, 28])], initializer=[w, w1])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = str(tmp_path / "conv48.onnx")
+    onnx.save(model, path)
+    return path
+
+
+def test_the_tasks_a_budget_tunes_are_direct_without_donors_of_every_winograd_kernel(tmp_path):
+    """``budgeted_tasks`` (what ``tune_model`` and the time-to-fast benchmark's exact-task count use):
+    too small a budget for Winograd kernels lowers every convolution direct unless reuse is on and
+    the donors hold each one; a budget large enough keeps what the lowering gave."""
+    from stormdrop.lowering.pipeline import Lowering
+    from stormdrop.model.tune import budgeted_tasks
+
+    model, target = load_model(conv48(tmp_path)), host_target()
+    extracted = extract_tasks(model, target, Lowering())
+    assert any("winograd" in k.name for k, _ in extracted[1])
+    for budget, reuse in [((6, None), True), ((None, 30.0), True), ((6, None), False)]:
+        _, tasks, lowering = budgeted_tasks(model, target, Lowering(), extracted, budget, [], reuse)
+        assert lowering.winograd == "off" and tasks and not any("winograd" in k.name for k, _ in tasks)
+    fused, tasks, lowering = budgeted_tasks(model, target, Lowering(), extracted, (None, None), [], True)
+    assert (fused, tasks) == extracted and lowering == Lowering()
+
+
+@pytest.mark.slow
+def test_a_small_trial_cap_keeps_winograd_where_the_hub_holds_its_kernels(tmp_path):
+    """Under the same small cap, a hub holding tuned Winograd kernels of every Winograd task of the
+    model keeps them Winograd (reuse starts from the hub's schedules, no search needed to reach
+    them)."""
+    from stormdrop.lowering.pipeline import Lowering
+    from stormdrop.search.options import SearchOptions
+    from stormdrop.storage.hub import isa_class, write_hub
+
+    path = conv48(tmp_path)
+    tuned = tune_model(path, ModelOptions(trials=6, seed=0, lowering=Lowering(winograd="4"),
+                                          search=SearchOptions(hub=False)), db=tmp_path / "first.db")
+    assert any("winograd" in t.name for t in tuned.tasks)
+    hub = tmp_path / "hub.jsonl.gz"
+    with Database(tmp_path / "first.db", read_only=True) as db:
+        write_hub(db, hub, isa_class(tuned.target))
+    kept = tune_model(path, ModelOptions(trials=6, seed=0, search=SearchOptions(hub=str(hub))), db=tmp_path / "k.db")
+    assert sorted(t.name for t in kept.tasks) == sorted(t.name for t in tuned.tasks)
+    assert all(t.trials["reuse"] >= 1 for t in kept.tasks)  # each started from the hub's schedule
+    assert kept.max_abs_error is not None and kept.max_abs_error < 1e-3
+    # without the hub the same cap keeps them direct: test_a_small_trial_cap_tunes_direct_convolutions...
+
+
+@pytest.mark.slow
+def test_a_small_trial_cap_tunes_direct_convolutions_and_bench_builds_them(tmp_path):
+    """A 48-channel 3x3 convolution at 28x28 is a Winograd kernel under --winograd auto, but 6
+    trials over the model's tasks are too few to tune one: the tune keeps it direct, notes so,
+    and `bench` (default lowering) compiles the tasks that were tuned, not Winograd ones."""
+    from stormdrop.lowering.pipeline import Lowering
+    from stormdrop.model.bench import bench_model
+
+    path = conv48(tmp_path)
+    _, lowered = extract_tasks(load_model(path), host_target(), Lowering())
+    assert any("winograd" in k.name for k, _ in lowered)  # what a large budget tunes
+    result = tune_model(path, ModelOptions(trials=6, seed=0), db=tmp_path / "w.db")
+    assert result.tasks and not any("winograd" in t.name for t in result.tasks)
+    assert result.max_abs_error is not None and result.max_abs_error < 1e-3
+    with Database(tmp_path / "w.db") as db:
+        bench = bench_model(path, db=db)
+    assert sorted(r.name for r in bench.tasks) == sorted(t.name for t in result.tasks)
+    assert all(r.latency_s is not None for r in bench.tasks)
+    # the same through the public timing module, as the guide's "From Python" example does it
+    import stormdrop
+    from stormdrop import timing
+    from stormdrop.target import num_cores
+
+    model, target = stormdrop.load_model(path), host_target()
+    inputs = timing.random_inputs(model)
+    found = timing.peers(model, inputs, num_cores(target))
+    with stormdrop.open_database(tmp_path / "w.db", read_only=True) as db:
+        executable, rows = timing.tuned_build(model, db, target)
+    assert [r.name for r in rows] == [r.name for r in bench.tasks]
+    err, scale = timing.max_abs_diff(timing.run_tvm(executable, inputs, target, time_it=False)[0], found.reference)
+    assert err <= 1e-3 * scale
+    latency_s = timing.in_turns({**found.timers, "stormdrop": timing.tvm_timer(executable, inputs, target)}, rounds=1)
+    assert set(latency_s) == {"onnxruntime", "openvino", "stormdrop"} and min(latency_s.values()) > 0
