@@ -68,6 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hub", default="on", choices=["on", "off", "ab"],
                    help="stormdrop draws reuse donors from the shipped schedule hub of the target's ISA class (on, "
                         "the library's default), not (off), or tunes both ways, timed in turns with the peers (ab)")
+    p.add_argument("--other-hub", default=None, metavar="HUB.jsonl.gz",
+                   help="also tune with this schedule hub file instead of the shipped one (e.g. the hub before a "
+                        "rebuild), timed in turns with the peers")
     p.add_argument("--prior-ab", default=None, metavar="PRIOR.npz",
                    help="also tune with this cost-model prior file instead of the shipped one, timed in turns "
                         "with the peers (tools/train_prior.py writes them)")
@@ -152,7 +155,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
         warmup_ms = 0.0 if args.warm_up == "off" else WARM_UP_MS
 
         def tune(db: str, cache_flush: bool | None, untuned: bool = False, lowering: Lowering = lowering,
-                 hub: bool = args.hub != "off", warmup_ms: float = warmup_ms, prior_file: str | None = None,
+                 hub: bool | str = args.hub != "off", warmup_ms: float = warmup_ms, prior_file: str | None = None,
                  prior_alone: int | None = None, storm: dict | None = None):
             return tune_model(model,
                               ModelOptions(trials=None if args.time_budget else args.trials,
@@ -200,6 +203,8 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             arms.append(("direct", {"lowering": dataclasses.replace(lowering, winograd="off")}))
         if args.hub == "ab":  # the same tuning without the schedule hub
             arms.append(("no_hub", {"hub": False}))
+        if args.other_hub:  # the same tuning with another hub file
+            arms.append(("other_hub", {"hub": args.other_hub}))
         if args.warm_up == "ab":  # the same tuning, candidates timed straight from idle
             arms.append(("no_warm_up", {"warmup_ms": 0.0}))
         if args.prior_ab:  # the same tuning, the cost model starting from another prior

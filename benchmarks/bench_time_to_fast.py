@@ -10,7 +10,8 @@ network the hub was built from has them all, a network it was not built from few
 the network was named held out before the run, and "faster after": the tuning time at which each
 run's model became faster than ONNX Runtime by the tune's own reading (``ModelResult.faster_after_s``:
 every task's best so far, scaled to the measured model), against the ONNX Runtime latency that tune
-measured.
+measured. ``--other-hub FILE``: the second arm tunes with that hub file (the hub before a rebuild)
+instead of none, so a grown hub is measured against the one it replaces in the same run.
 
     PYTHONPATH=src python benchmarks/bench_time_to_fast.py --cases resnet50,resnet18@56 --budgets 60,120,300 \\
         --held-out resnet34 --json benchmarks/results_time_to_fast.json
@@ -30,9 +31,11 @@ HEADER = ["network", "budget s", "held out", "hub's exact tasks", "ONNX Runtime 
           "no hub: faster than ORT after s"]
 
 
-def hub_tasks(name: str, resolution: int | None, target, budget: float) -> tuple[int, int]:
-    """(tasks whose workload the target's hub holds exactly, tasks) of the network as a tune under
-    ``budget`` seconds lowers it (every convolution direct unless the hub holds its Winograd kernels)."""
+def hub_tasks(name: str, resolution: int | None, target, budget: float, hub_file: str | None = None
+              ) -> tuple[int, int]:
+    """(tasks whose workload the target's hub (or ``hub_file``) holds exactly, tasks) of the network as
+    a tune under ``budget`` seconds lowers it (every convolution direct unless the hub holds its
+    Winograd kernels)."""
     from stormdrop import Lowering, extract_tasks, load_model
     from stormdrop.model.tune import budgeted_tasks
     from stormdrop.storage.donors import tuned_in
@@ -40,7 +43,7 @@ def hub_tasks(name: str, resolution: int | None, target, budget: float) -> tuple
     from stormdrop.target import canonical
 
     model = load_model(name, **({"resolution": resolution} if resolution else {}))
-    hub = open_hub(target)
+    hub = open_hub(target, hub_file or True)
     if hub is None:
         return 0, len(extract_tasks(model, target)[1])
     with hub:
@@ -55,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budgets", default="60,120,300,900", help="time budgets in seconds, each its own run")
     p.add_argument("--hub", default="ab", choices=["ab", "on"],
                    help="both arms (ab), or with the hub only (on: a network it holds nothing of)")
+    p.add_argument("--other-hub", default=None, metavar="HUB.jsonl.gz",
+                   help="the second arm tunes with this hub file (e.g. the hub before a rebuild) instead of none")
     p.add_argument("--held-out", default="", help="the networks named held out before the run (NAME or NAME@RES)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
@@ -67,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     import bench_models
     from _peers import checkpoint, machine, pinned_host, publish, table
 
+    if args.other_hub and not os.path.isfile(args.other_hub):
+        print(f"bench_time_to_fast: --other-hub: no such file: {args.other_hub}", file=sys.stderr)
+        return 2
+    arm, words = ("other_hub", "other hub") if args.other_hub else ("no_hub", "no hub")
+    header = [h.replace("no hub", words) for h in HEADER]
     target, key = pinned_host()
     held = {h.strip() for h in args.held_out.split(",") if h.strip()}
     budgets = [float(b) for b in args.budgets.split(",") if b.strip()]
@@ -89,19 +99,24 @@ def main(argv: list[str] | None = None) -> int:
             for budget in budgets:
                 exact, num_tasks = hub_tasks(name, res, target, budget)
                 print(f"{case}: {budget:.0f} s: the hub holds {exact} of its {num_tasks} tasks exactly", flush=True)
+                if args.other_hub:
+                    other, _ = hub_tasks(name, res, target, budget, args.other_hub)
+                    print(f"{case}: {budget:.0f} s: the other hub holds {other} of them", flush=True)
             continue
         for budget in budgets:
             exact, num_tasks = hub_tasks(name, res, target, budget)
             print(f"[{case}, {budget:.0f} s]", flush=True)
             margs = bench_models.parse_args(["--models", name, "--time-budget", str(budget), "--skip-ms",
-                                             "--rounds", str(args.rounds), "--seed", str(args.seed), "--hub", args.hub]
-                                            + (["--resolution", str(res)] if res else []))
+                                             "--rounds", str(args.rounds), "--seed", str(args.seed),
+                                             "--hub", "on" if args.other_hub else args.hub]
+                                            + (["--resolution", str(res)] if res else [])
+                                            + (["--other-hub", args.other_hub] if args.other_hub else []))
             r = bench_models.bench_one(name, margs, target)
             r = {k: ({kk: vv for kk, vv in v.items() if kk != "ex"} if isinstance(v, dict) else v) for k, v in r.items()}
             r.update(network=name, resolution=res, budget_s=budget, held_out=case in held or name in held,
                      hub_exact_tasks=exact, tasks=num_tasks)
             raw.append(r)
-            sd, nh = r["stormdrop"], r.get("no_hub", {})
+            sd, nh = r["stormdrop"], r.get(arm, {})
             ort, ov = r["onnxruntime_s"], r.get("openvino_s")
             rows.append([case, f"{budget:.0f}", "yes" if r["held_out"] else "no", f"{exact}/{num_tasks}", ms_(ort),
                          ms_(ov), ms_(sd.get("latency_s")) if sd.get("latency_s") else sd.get("status", "-"),
@@ -113,11 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["", f"## Time to fast, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- machine: {machine()}; target: `{key}`", f"- command: `{' '.join(sys.argv)}`",
              f"- each row: `tune --model M --time-budget S` with the schedule hub ({bench_models._hub_name(target)}) "
-             "and without it, fresh databases, defaults otherwise; latencies in ms: median of "
+             + (f"and with the hub file {os.path.basename(args.other_hub)}" if args.other_hub else "and without it")
+             + ", fresh databases, defaults otherwise; latencies in ms: median of "
              f"{args.rounds} rounds in which the peers take turns; ratios > 1: stormdrop faster; 'faster than ORT "
              "after': the tune's own reading (every task's best so far, scaled to the measured model, against the "
              "ONNX Runtime latency that tune measured), 'never': not faster when it ended", "",
-             *table(HEADER, rows),
+             *table(header, rows),
              ""]
     publish(lines, args.out)
     return 0

@@ -15,7 +15,10 @@ Resumable: the build database is stormdrop's own (a killed build loses nothing; 
 tunes each network for its time budget once more, from where it stood). The hub is written to
 ``src/stormdrop/storage/hubs/<isa>.jsonl.gz`` unless ``--out`` says otherwise; check it with
 ``stormdrop hub info``. Networks are zoo names with an optional ``@RESOLUTION`` (image models) or
-ONNX paths, and ``+direct`` for the lowering a small trial cap gives (every convolution direct). Run nothing else that measures meanwhile.
+ONNX paths, and ``+direct`` for the lowering a small trial cap gives (every convolution direct),
+``+winograd`` for the default lowering whatever the time budget (Winograd where it pays: a short
+tune keeps Winograd where the hub holds every Winograd kernel of its network). Run nothing else
+that measures meanwhile.
 """
 
 from __future__ import annotations
@@ -31,15 +34,17 @@ from stormdrop.target import describe, host_target
 
 
 def network(spec: str):
-    """``NAME[@RESOLUTION][+direct]``: a zoo model (or ONNX path) at that input size; ``+direct``:
-    lowered with every convolution direct, as a tune under a small trial cap lowers it
-    (``Lowering.for_budget``), so that such a tune finds its own kernels in the hub too."""
+    """``NAME[@RESOLUTION][+direct|+winograd]``: a zoo model (or ONNX path) at that input size and
+    its lowering; ``+direct``: every convolution direct, as a tune under a small trial cap lowers it
+    (``Lowering.for_budget``), so that such a tune finds its own kernels in the hub too;
+    ``+winograd``: the default lowering even where the build's time budget would turn Winograd off.
+    Returns (model, lowering or None for the default, whether the budget may change the lowering)."""
     base, _, variant = spec.partition("+")
     name, _, res = base.partition("@")
+    if variant not in ("", "direct", "winograd"):
+        raise SystemExit(f"build_hub: unknown variant {variant!r} in {spec!r} (+direct, +winograd)")
     lowering = Lowering(winograd="off") if variant == "direct" else None
-    if variant not in ("", "direct"):
-        raise SystemExit(f"build_hub: unknown variant {variant!r} in {spec!r} (+direct)")
-    return load_model(name, resolution=int(res) if res else None), lowering
+    return load_model(name, resolution=int(res) if res else None), lowering, variant != "winograd"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         for spec in filter(None, (s.strip() for s in args.networks.split(","))):
             t0 = time.monotonic()
             # the hub is built from this machine's own measurements: no hub as a donor
-            model, lowering = network(spec)
+            model, lowering, for_budget = network(spec)
             options = ModelOptions(trials=None, time_budget=args.time_budget, search=SearchOptions(hub=False),
-                                   lowering=lowering)
+                                   lowering=lowering, lowering_for_budget=for_budget)
             result = tune_model(model, options, target=target, db=args.db)
             tuned = result.latency_s.get("tuned")
             shown = f"{tuned * 1e3:.3f} ms" if tuned else "not timed"

@@ -55,15 +55,15 @@ def test_the_tasks_a_budget_tunes_are_direct_without_donors_of_every_winograd_ke
 def test_a_small_trial_cap_keeps_winograd_where_the_hub_holds_its_kernels(tmp_path):
     """Under the same small cap, a hub holding tuned Winograd kernels of every Winograd task of the
     model keeps them Winograd (reuse starts from the hub's schedules, no search needed to reach
-    them)."""
-    from stormdrop.lowering.pipeline import Lowering
+    them). The hub's build tunes them under that cap too, its lowering kept as given
+    (``lowering_for_budget=False``, ``tools/build_hub.py``'s ``+winograd``)."""
     from stormdrop.search.options import SearchOptions
     from stormdrop.storage.hub import isa_class, write_hub
 
     path = conv48(tmp_path)
-    tuned = tune_model(path, ModelOptions(trials=6, seed=0, lowering=Lowering(winograd="4"),
+    tuned = tune_model(path, ModelOptions(trials=6, seed=0, lowering_for_budget=False,
                                           search=SearchOptions(hub=False)), db=tmp_path / "first.db")
-    assert any("winograd" in t.name for t in tuned.tasks)
+    assert any("winograd" in t.name for t in tuned.tasks)  # the cap alone would have made it direct
     hub = tmp_path / "hub.jsonl.gz"
     with Database(tmp_path / "first.db", read_only=True) as db:
         write_hub(db, hub, isa_class(tuned.target))

@@ -20,7 +20,9 @@ class ModelOptions:
     ``untuned``: time the untuned build too (always run, as the reference, for a model without an
     ONNX graph). ``in_model_candidates``: each task deploys the fastest inside the compiled model of
     its best that many records (1: the best record as tuned; local devices only). ``measure``
-    None: the model defaults (``MeasureConfig.for_models``)."""
+    None: the model defaults (``MeasureConfig.for_models``). ``lowering_for_budget``: False keeps
+    the lowering as given whatever the budget (``Lowering.for_budget`` turns Winograd off under a
+    small one): a hub build that tunes the Winograd kernels a short tune then finds in the hub."""
 
     trials: int | None = 1000
     trials_per_task: int = 128
@@ -33,3 +35,4 @@ class ModelOptions:
     untuned: bool = False
     in_model_candidates: int = 1
     progress: bool = False
+    lowering_for_budget: bool = True
