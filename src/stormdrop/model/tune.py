@@ -163,10 +163,9 @@ def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = 
     display = None
     try:
         with run_databases(db, search.reuse_from, tgt, search.hub_source) as (database, donor_dbs):
-            fused, tasks = extracted
-            if opts.lowering_for_budget:
-                fused, tasks, lowering = budgeted_tasks(model, tgt, lowering, extracted, (trials, opts.time_budget),
-                                                        donor_dbs, search.reuse > 0 and Phase.REUSE in search.phases)
+            budget = (trials, opts.time_budget) if opts.lowering_for_budget else (None, None)  # None: lowering kept
+            fused, tasks, lowering = budgeted_tasks(model, tgt, lowering, extracted, budget, donor_dbs,
+                                                    search.reuse > 0 and Phase.REUSE in search.phases)
             with Gateway(tgt, measure) as gateway:
                 stages = {"tasks": time.monotonic() - start}
                 sessions = [TaskSession(database, gateway, k, tgt, seed) for k, _ in tasks]
