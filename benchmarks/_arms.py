@@ -18,6 +18,8 @@ _ARMS = {"cold_tuned": ("tuned with the caches flushed (--cache-flush", "tuned w
          "direct": ("tuned with every convolution direct (--winograd-ab", "as lowered", "direct / as lowered", False,
                     "direct"),
          "no_hub": ("tuned without the schedule hub (--hub ab", "with the hub", "no hub / hub", False, "no hub"),
+         "in_order": ("tuned with every task's first round in the model's order (--in-order-ab",
+                      "heaviest first", "in order / heaviest first", False, "in order"),
          "other_hub": ("tuned with the hub file of --other-hub", "with the shipped hub", "other hub / shipped", False,
                        "other hub"),
          "no_warm_up": ("tuned with candidates timed straight from idle (--warm-up ab", "warmed up",

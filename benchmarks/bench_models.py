@@ -65,6 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--storm-split", default="share", choices=["share", "half"],
                    help="A/B of issue 40: 'half' gives every task's storm half its per-task cap whatever the "
                         "global --trials (the split before: no raindrop under a small cap)")
+    p.add_argument("--in-order-ab", action="store_true",
+                   help="tunes once more with every task's first round in the model's order before any second "
+                        "(ModelOptions.warm_up='in order'), timed in turns with the peers")
     p.add_argument("--hub", default="on", choices=["on", "off", "ab"],
                    help="stormdrop draws reuse donors from the shipped schedule hub of the target's ISA class (on, "
                         "the library's default), not (off), or tunes both ways, timed in turns with the peers (ab)")
@@ -156,7 +159,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
 
         def tune(db: str, cache_flush: bool | None, untuned: bool = False, lowering: Lowering = lowering,
                  hub: bool | str = args.hub != "off", warmup_ms: float = warmup_ms, prior_file: str | None = None,
-                 prior_alone: int | None = None, storm: dict | None = None):
+                 prior_alone: int | None = None, storm: dict | None = None, warm_up: str = "heaviest"):
             return tune_model(model,
                               ModelOptions(trials=None if args.time_budget else args.trials,
                                            trials_per_task=args.trials_per_task, time_budget=args.time_budget,
@@ -165,7 +168,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
                                                prior_file=prior_file,
                                                **({} if prior_alone is None else {"prior_alone": prior_alone}),
                                                **(storm or {}))),
-                                           in_model_candidates=args.in_model_candidates,
+                                           in_model_candidates=args.in_model_candidates, warm_up=warm_up,
                                            measure=MeasureConfig(cache_flush=cache_flush, warmup_ms=warmup_ms)),
                               target=target, db=db)
 
@@ -205,6 +208,8 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             arms.append(("no_hub", {"hub": False}))
         if args.other_hub:  # the same tuning with another hub file
             arms.append(("other_hub", {"hub": args.other_hub}))
+        if args.in_order_ab:  # the same tuning, the tasks' first rounds in the model's order
+            arms.append(("in_order", {"warm_up": "in order"}))
         if args.warm_up == "ab":  # the same tuning, candidates timed straight from idle
             arms.append(("no_warm_up", {"warmup_ms": 0.0}))
         if args.prior_ab:  # the same tuning, the cost model starting from another prior

@@ -12,6 +12,8 @@ run's model became faster than ONNX Runtime by the tune's own reading (``ModelRe
 every task's best so far, scaled to the measured model), against the ONNX Runtime latency that tune
 measured. ``--other-hub FILE``: the second arm tunes with that hub file (the hub before a rebuild)
 instead of none, so a grown hub is measured against the one it replaces in the same run.
+``--in-order-ab``: the second arm tunes with the hub too, every task's first round in the model's
+order (``ModelOptions.warm_up="in order"``) instead of heaviest first.
 
     PYTHONPATH=src python benchmarks/bench_time_to_fast.py --cases resnet50,resnet18@56 --budgets 60,120,300 \\
         --held-out resnet34 --json benchmarks/results_time_to_fast.json
@@ -60,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="both arms (ab), or with the hub only (on: a network it holds nothing of)")
     p.add_argument("--other-hub", default=None, metavar="HUB.jsonl.gz",
                    help="the second arm tunes with this hub file (e.g. the hub before a rebuild) instead of none")
+    p.add_argument("--in-order-ab", action="store_true",
+                   help="the second arm tunes with the hub, every task's first round in the model's order")
     p.add_argument("--held-out", default="", help="the networks named held out before the run (NAME or NAME@RES)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
@@ -75,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.other_hub and not os.path.isfile(args.other_hub):
         print(f"bench_time_to_fast: --other-hub: no such file: {args.other_hub}", file=sys.stderr)
         return 2
-    arm, words = ("other_hub", "other hub") if args.other_hub else ("no_hub", "no hub")
+    arm, words = ("other_hub", "other hub") if args.other_hub else \
+        ("in_order", "in order") if args.in_order_ab else ("no_hub", "no hub")
     header = [h.replace("no hub", words) for h in HEADER]
     target, key = pinned_host()
     held = {h.strip() for h in args.held_out.split(",") if h.strip()}
@@ -108,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{case}, {budget:.0f} s]", flush=True)
             margs = bench_models.parse_args(["--models", name, "--time-budget", str(budget), "--skip-ms",
                                              "--rounds", str(args.rounds), "--seed", str(args.seed),
-                                             "--hub", "on" if args.other_hub else args.hub]
+                                             "--hub", "on" if args.other_hub or args.in_order_ab else args.hub]
+                                            + (["--in-order-ab"] if args.in_order_ab else [])
                                             + (["--resolution", str(res)] if res else [])
                                             + (["--other-hub", args.other_hub] if args.other_hub else []))
             r = bench_models.bench_one(name, margs, target)
@@ -128,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["", f"## Time to fast, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- machine: {machine()}; target: `{key}`", f"- command: `{' '.join(sys.argv)}`",
              f"- each row: `tune --model M --time-budget S` with the schedule hub ({bench_models._hub_name(target)}) "
-             + (f"and with the hub file {os.path.basename(args.other_hub)}" if args.other_hub else "and without it")
+             + (f"and with the hub file {os.path.basename(args.other_hub)}" if args.other_hub else
+                "and with it, every task's first round in the model's order (--in-order-ab; 'hub': heaviest "
+                "first, the default)" if args.in_order_ab else "and without it")
              + ", fresh databases, defaults otherwise; latencies in ms: median of "
              f"{args.rounds} rounds in which the peers take turns; ratios > 1: stormdrop faster; 'faster than ORT "
              "after': the tune's own reading (every task's best so far, scaled to the measured model, against the "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from stormdrop.tuning.scheduler import GradientScheduler, TaskState
 
 
@@ -321,3 +323,52 @@ def test_an_extension_starts_only_if_a_step_as_long_as_the_last_extension_fits(m
     assert stopped == "the time budget"
     assert clock[0] == 41.0  # two first steps, one extension (30 s + 9 x 1 s), no second one
     assert [driver.measured(s) for s in sessions] == [4 * 11, 4]
+
+
+def test_the_warm_up_takes_the_heaviest_tasks_first_and_spare_time_lets_a_reached_one_go_ahead():
+    # weight x FLOPs orders the warm-up; with time to spare, a reached task whose next round is
+    # expected to save more than the next waiting task's first round takes it (a many-task model
+    # given 120 s otherwise spent it all on first rounds: densenet161 at 192x192 kept its heaviest
+    # convolutions at their first transfers' 20 GFLOPS)
+    tasks = [TaskState(1, 1e4, "relu"), TaskState(36, 2e7, "conv2d"), TaskState(1, 0, "concat"),
+             TaskState(1, 1e5, "relu")]
+    sched = GradientScheduler(tasks)
+    assert sched.waiting() == [1, 3, 0, 2]
+    assert sched.next_task(spare=True) == 1  # nothing reached yet: the heaviest
+    sched.tell(1, 1e-3)  # 20 GFLOPS
+    assert sched.next_task() == 3  # no time to spare: the warm-up goes on
+    assert sched.next_task(spare=True) == 1  # 36 x 1 ms at stake against a ReLU's first round
+    assert sched.warm_up_gain(2) == 0.0 and sched.warm_up_gain(3) == pytest.approx(9 * 1e5 / 2e10)
+    sched.tell(1, 1e-3, finished=True)
+    for _ in range(20):
+        sched.tell(3, 1e-5)  # a ReLU reached long ago, converged: little to gain from another round
+    assert sched.next_task(spare=True) == 0  # a ReLU not reached yet goes first
+    sched.tell(0, 1e-5)
+    assert sched.next_task(spare=True) == 0  # its first round said little: its second is worth more
+    assert sched.next_task() == 2  # without time to spare, the warm-up goes on: a FLOP-less concatenation
+
+
+def test_a_short_budget_gives_its_heaviest_task_rounds_before_the_light_tasks_first_ones(monkeypatch):
+    # a fake clock, 1 s a candidate, 8 a round: one heavy task (weight 10, better with every round)
+    # and 20 light ones. While the time left covers two candidates for each light task not reached,
+    # the heavy one takes rounds ahead of them; then every light task is still reached by the deadline
+    from stormdrop.tuning import budget, driver
+
+    clock = [0.0]
+    monkeypatch.setattr(driver, "verify_bests", lambda sessions: None)
+    sessions, tuners = _timed_tasks(21, clock, _one_builder(0.5, 0.5), seconds=1.0)
+    for s in sessions[1:]:
+        s.kernel.flops = 1e4
+    sessions[0].kernel.flops = 1e9
+    heavy, step = tuners[0], tuners[0].step
+
+    def better(limit=None):
+        step(limit)
+        sessions[0].best = 1e-2 / (1 + driver.measured(sessions[0]) / 8)
+
+    heavy.step = better
+    stopped = driver.drive(tuners, sessions, [10] + [1] * 20, budget.Budget(deadline=100.0, clock=lambda: clock[0]))
+    assert stopped == "the time budget"
+    measured = [driver.measured(s) for s in sessions]
+    assert measured[0] >= 3 * 8 and min(measured[1:]) >= 1, measured  # was: one round for the heavy task
+    assert clock[0] + 21 * 1.0 <= 100.0 + 8.0, clock[0]  # verified by the deadline, less a step's overrun

@@ -22,7 +22,10 @@ class ModelOptions:
     its best that many records (1: the best record as tuned; local devices only). ``measure``
     None: the model defaults (``MeasureConfig.for_models``). ``lowering_for_budget``: False keeps
     the lowering as given whatever the budget (``Lowering.for_budget`` turns Winograd off under a
-    small one): a hub build that tunes the Winograd kernels a short tune then finds in the hub."""
+    small one): a hub build that tunes the Winograd kernels a short tune then finds in the hub.
+    ``warm_up``: the order of the tasks' first rounds (``tuning.scheduler.WARM_UPS``: "heaviest"
+    first, a task already reached going ahead of the rest where the time budget has time to spare;
+    or "in order", every task once before any second round)."""
 
     trials: int | None = 1000
     trials_per_task: int = 128
@@ -36,3 +39,4 @@ class ModelOptions:
     in_model_candidates: int = 1
     progress: bool = False
     lowering_for_budget: bool = True
+    warm_up: str = "heaviest"

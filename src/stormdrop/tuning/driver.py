@@ -98,16 +98,17 @@ def first_rounds_together(i: int, after: Sequence[int], tuners: Sequence[TaskTun
 
 
 def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights: Sequence[int], budget: Budget, *,
-          used: int = 0, seed: int = 0, storm: StormConfig | None = None,
+          used: int = 0, seed: int = 0, storm: StormConfig | None = None, warm_up: str = "heaviest",
           on_step: Callable[[int, int], None] | None = None) -> str:
     """Tune until ``budget`` is spent or every task is done; then finish and verify every task.
 
     ``used``: trials already spent against ``budget.trials`` (earlier runs' measurements of these
-    tasks: a resumed run measures no more than an uninterrupted one). ``on_step(i, used)`` hears
+    tasks: a resumed run measures no more than an uninterrupted one). ``warm_up``: the order of the
+    tasks' first rounds (``scheduler.WARM_UPS``). ``on_step(i, used)`` hears
     each batch. Returns why tuning stopped.
     """
     states = [TaskState(w, max(s.kernel.flops, 1), s.kernel.op_class) for s, w in zip(sessions, weights)]
-    sched = GradientScheduler(states, seed=seed)
+    sched = GradientScheduler(states, seed=seed, warm_up=warm_up)
     for i, session in enumerate(sessions):
         if math.isfinite(session.best):
             # an earlier run of these tasks gave this one its warm-up round: a resumed run goes on
@@ -124,7 +125,7 @@ def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights:
         return sum(t.rounds == 0 and not t.finished for t in states)
 
     while not (stopped_by := ledger.spent(waiting())):
-        i, extending = sched.next_task(), False
+        i, extending = sched.next_task(spare=ledger.spare(waiting())), False
         if i is None and budget.extend:
             # the per-task cap is a default, not a reason to stop with time left: the
             # task with the largest weight x latency gets another storm round + raindrop
@@ -148,8 +149,8 @@ def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights:
             break
         first = states[i].rounds == 0
         if first and getattr(getattr(sessions[i], "measurer", None), "builders", 1) > 1:
-            group = first_rounds_together(i, [j for j in sched.live() if states[j].rounds == 0 and j != i],
-                                          tuners, sessions, ledger, waiting())
+            group = first_rounds_together(i, [j for j in sched.waiting() if j != i], tuners, sessions, ledger,
+                                          waiting())
         else:
             before, t0 = measured(sessions[i]), clock()
             tuners[i].step(limit=ledger.limit(first, waiting()))

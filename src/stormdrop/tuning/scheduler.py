@@ -12,13 +12,29 @@ class and log_1.618 of their FLOPs). A task whose warm-up round found no valid
 schedule gets one more round; tasks that are finished or still have none after
 it (dead) are skipped. The scheduler proposes a
 task index and is told the task's best latency after each round.
+
+The warm-up takes the heaviest tasks first (weight x FLOPs). While the driver says the time
+left is ``spare`` (it covers the waiting tasks' first rounds and more), a task already reached
+may take the next round before the warm-up ends: the one of most negative gradient, when its
+expected gain is larger than the next waiting task's (``warm_up_gain``). A many-task model
+given a short budget otherwise spends it all on first rounds, its heaviest convolutions left
+with their first transfers while a hundred concatenations and ReLUs have theirs
+(benchmarks/RESULTS.md, "Time to fast").
 """
 
 from __future__ import annotations
 
 import math
 import random
+import statistics
 from dataclasses import dataclass, field
+
+# a task never reached runs as a naive loop nest, about this many times slower than tuned (an
+# untuned many-task model is tens of times slower than after a short tune): the gain of its first round
+NAIVE_SLOWDOWN = 10.0
+# warm-ups: "heaviest" (as above), "in order" (every task once, in the model's order, before any
+# second round: Ansor's round robin)
+WARM_UPS = ("heaviest", "in order")
 
 
 @dataclass
@@ -43,34 +59,66 @@ class TaskState:
 
 
 class GradientScheduler:
-    """Ansor's gradient-based task scheduler (alpha 0.2, beta 2, backward window 3)."""
+    """Ansor's gradient-based task scheduler (alpha 0.2, beta 2, backward window 3), its warm-up
+    ``warm_up`` (``WARM_UPS``)."""
 
     def __init__(self, tasks: list[TaskState], *, alpha: float = 0.2, beta: float = 2.0, window: int = 3,
-                 eps: float = 0.0, seed: int = 0) -> None:
-        self.tasks = tasks
+                 eps: float = 0.0, seed: int = 0, warm_up: str = "heaviest") -> None:
+        if warm_up not in WARM_UPS:
+            raise ValueError(f"warm-up {warm_up!r}: one of {', '.join(WARM_UPS)}")
+        self.tasks, self.warm_up = tasks, warm_up
         self.alpha, self.beta, self.window, self.eps = alpha, beta, window, eps
         self.rng = random.Random(seed)
 
     def live(self) -> list[int]:
         return [i for i, t in enumerate(self.tasks) if not t.finished]
 
-    def next_task(self) -> int | None:
-        """The index of the task to tune next, or None when every task is finished."""
+    def waiting(self) -> list[int]:
+        """The tasks yet to have a round, in warm-up order: heaviest (weight x FLOPs) first."""
+        waiting = [i for i in self.live() if self.tasks[i].rounds == 0]
+        if self.warm_up == "in order":
+            return waiting
+        return sorted(waiting, key=lambda i: -self.tasks[i].weight * self.tasks[i].flops)
+
+    def next_task(self, spare: bool = False) -> int | None:
+        """The index of the task to tune next, or None when every task is finished. ``spare``: the
+        time left covers the waiting tasks' first rounds and more, so a task already reached may
+        take a round before the warm-up ends (see the module's docstring)."""
         live = self.live()
         if not live:
             return None
-        for i in live:  # warm-up: one round each
-            if self.tasks[i].rounds == 0:
-                return i
+        waiting = self.waiting()
+        if waiting and (not spare or self.warm_up == "in order"):
+            return waiting[0]
         for i in live:  # a second round for a task whose first found no valid schedule
             if self.tasks[i].rounds == 1 and not math.isfinite(self.tasks[i].best):
                 return i
         alive = [i for i in live if math.isfinite(self.tasks[i].best)]
+        if waiting:
+            if not alive:
+                return waiting[0]
+            i = min(alive, key=self.gradient)
+            return i if -self.gradient(i) > self.warm_up_gain(waiting[0]) else waiting[0]
         if not alive:  # nothing valid anywhere yet: keep going round robin
             return min(live, key=lambda i: self.tasks[i].rounds)
         if self.eps and self.rng.random() < self.eps:
             return self.rng.choice(alive)
         return min(alive, key=self.gradient)
+
+    def warm_up_gain(self, i: int) -> float:
+        """What task ``i``'s first round is expected to save of the model's latency: its weight x its
+        FLOPs at the throughput of its most similar task reached (the median of the tasks reached
+        where none is similar), as a naive loop nest less tuned (``NAIVE_SLOWDOWN``); inf while no
+        throughput is known."""
+        t = self.tasks[i]
+        tput = self._similar_throughput(t) or statistics.median(
+            [s.flops / s.best for s in self.tasks if s.flops > 1 and math.isfinite(s.best) and s.best > 0] or [0.0])
+        return (NAIVE_SLOWDOWN - 1) * t.weight * t.flops / tput if tput > 0 else math.inf
+
+    def _similar_throughput(self, t: TaskState) -> float:
+        """The best throughput (FLOPs a second) among the tasks similar to ``t`` (0 where none)."""
+        return max((s.flops / s.best for s in self.tasks
+                    if s.similarity_key == t.similarity_key and math.isfinite(s.best) and s.best > 0), default=0.0)
 
     def gradient(self, i: int) -> float:
         t = self.tasks[i]
@@ -79,9 +127,7 @@ class GradientScheduler:
             backward = (g - t.history[-1 - self.window]) / self.window
         else:
             backward = 0.0
-        best_tput = max((s.flops / s.best for s in self.tasks
-                         if s.similarity_key == t.similarity_key and math.isfinite(s.best) and s.best > 0),
-                        default=0.0)
+        best_tput = self._similar_throughput(t)
         g_next = g - g / max(rounds, 1)
         if best_tput > 0:
             g_next = min(g_next, self.beta * t.flops / best_tput)
