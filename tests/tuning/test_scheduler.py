@@ -325,50 +325,39 @@ def test_an_extension_starts_only_if_a_step_as_long_as_the_last_extension_fits(m
     assert [driver.measured(s) for s in sessions] == [4 * 11, 4]
 
 
-def test_the_warm_up_takes_the_heaviest_tasks_first_and_spare_time_lets_a_reached_one_go_ahead():
-    # weight x FLOPs orders the warm-up; with time to spare, a reached task whose next round is
-    # expected to save more than the next waiting task's first round takes it (a many-task model
-    # given 120 s otherwise spent it all on first rounds: densenet161 at 192x192 kept its heaviest
-    # convolutions at their first transfers' 20 GFLOPS)
-    tasks = [TaskState(1, 1e4, "relu"), TaskState(36, 2e7, "conv2d"), TaskState(1, 0, "concat"),
-             TaskState(1, 1e5, "relu")]
-    sched = GradientScheduler(tasks)
-    assert sched.waiting() == [1, 3, 0, 2]
-    assert sched.next_task(spare=True) == 1  # nothing reached yet: the heaviest
-    sched.tell(1, 1e-3)  # 20 GFLOPS
-    assert sched.next_task() == 3  # no time to spare: the warm-up goes on
-    assert sched.next_task(spare=True) == 1  # 36 x 1 ms at stake against a ReLU's first round
-    assert sched.warm_up_gain(2) == 0.0 and sched.warm_up_gain(3) == pytest.approx(9 * 1e5 / 2e10)
-    sched.tell(1, 1e-3, finished=True)
-    for _ in range(20):
-        sched.tell(3, 1e-5)  # a ReLU reached long ago, converged: little to gain from another round
-    assert sched.next_task(spare=True) == 0  # a ReLU not reached yet goes first
-    sched.tell(0, 1e-5)
-    assert sched.next_task(spare=True) == 0  # its first round said little: its second is worth more
-    assert sched.next_task() == 2  # without time to spare, the warm-up goes on: a FLOP-less concatenation
 
-
-def test_a_short_budget_gives_its_heaviest_task_rounds_before_the_light_tasks_first_ones(monkeypatch):
-    # a fake clock, 1 s a candidate, 8 a round: one heavy task (weight 10, better with every round)
-    # and 20 light ones. While the time left covers two candidates for each light task not reached,
-    # the heavy one takes rounds ahead of them; then every light task is still reached by the deadline
+def test_the_warm_up_takes_the_heaviest_tasks_first(monkeypatch):
+    # weight x FLOPs orders the first rounds (ties in the model's order); "in order" keeps the model's.
+    # The heaviest convolutions then sample their space before lighter siblings tuned as briefly can
+    # hand them a schedule (a many-task model at 120 s kept its heaviest ones at their transfers')
     from stormdrop.tuning import budget, driver
 
-    clock = [0.0]
     monkeypatch.setattr(driver, "verify_bests", lambda sessions: None)
-    sessions, tuners = _timed_tasks(21, clock, _one_builder(0.5, 0.5), seconds=1.0)
-    for s in sessions[1:]:
-        s.kernel.flops = 1e4
-    sessions[0].kernel.flops = 1e9
-    heavy, step = tuners[0], tuners[0].step
+    tasks = [TaskState(1, 1e4, "relu"), TaskState(36, 2e7, "conv2d"), TaskState(1, 0, "concat"),
+             TaskState(1, 1e5, "relu"), TaskState(1, 1e4, "relu")]
+    assert GradientScheduler(tasks).waiting() == [1, 3, 0, 4, 2]
+    assert GradientScheduler(tasks, warm_up="in order").waiting() == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="warm-up"):
+        GradientScheduler(tasks, warm_up="lightest")
+    sched = GradientScheduler(tasks)
+    seen = []
+    while (i := sched.next_task()) is not None and len(seen) < 5:
+        seen.append(i)
+        sched.tell(i, 1e-3)
+    assert seen == [1, 3, 0, 4, 2]  # every task once before any second round
 
-    def better(limit=None):
-        step(limit)
-        sessions[0].best = 1e-2 / (1 + driver.measured(sessions[0]) / 8)
+    order = []
 
-    heavy.step = better
-    stopped = driver.drive(tuners, sessions, [10] + [1] * 20, budget.Budget(deadline=100.0, clock=lambda: clock[0]))
-    assert stopped == "the time budget"
-    measured = [driver.measured(s) for s in sessions]
-    assert measured[0] >= 3 * 8 and min(measured[1:]) >= 1, measured  # was: one round for the heavy task
-    assert clock[0] + 21 * 1.0 <= 100.0 + 8.0, clock[0]  # verified by the deadline, less a step's overrun
+    class Recorded(_Tuner):
+        def step(self, limit=None):
+            order.append(self.session)
+            super().step(limit)
+            self.done = True
+
+    for warm_up, want in (("heaviest", [2, 0, 1]), ("in order", [0, 1, 2])):
+        sessions = [_Session(math.inf) for _ in range(3)]
+        sessions[2].kernel.flops = 1e9
+        order.clear()
+        driver.drive([Recorded(s) for s in sessions], sessions, [1, 1, 1], budget.Budget(trials=100),
+                     warm_up=warm_up)
+        assert [sessions.index(s) for s in order] == want, warm_up

@@ -24,8 +24,7 @@ class ModelOptions:
     the lowering as given whatever the budget (``Lowering.for_budget`` turns Winograd off under a
     small one): a hub build that tunes the Winograd kernels a short tune then finds in the hub.
     ``warm_up``: the order of the tasks' first rounds (``tuning.scheduler.WARM_UPS``: "heaviest"
-    first, a task already reached going ahead of the rest where the time budget has time to spare;
-    or "in order", every task once before any second round)."""
+    first, or "in order", the model's)."""
 
     trials: int | None = 1000
     trials_per_task: int = 128

@@ -20,10 +20,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# first-round candidates kept for each task not reached yet before a task already reached may
-# take a step ahead of them (``Ledger.spare``): a transfer or a sample, and one more
-WARM_UP_CANDIDATES = 2
-
 
 @dataclass(frozen=True)
 class Budget:
@@ -157,19 +153,6 @@ class Ledger:
         reached runs as a naive loop nest, often slower than the rest of the model together (the
         first rounds shrink instead: ``limit``)."""
         return self.budget.spent(self.used, self.finish_s(extending) if extending or not waiting else 0.0)
-
-    def spare(self, waiting: int) -> bool:
-        """Whether the time left, the finish kept, covers ``WARM_UP_CANDIDATES`` first-round candidates
-        for each of the ``waiting`` tasks (at what first-round candidates took so far, or the
-        measurer's estimate of one): a task already reached may then take the next step before them
-        (``GradientScheduler.next_task``). Never under a trial cap alone, nor before a candidate's
-        time is known."""
-        if not waiting or not math.isfinite(self.budget.deadline):
-            return False
-        floor = measurer_candidate_s(getattr(self.sessions[0], "measurer", None)) if self.sessions else 0.0
-        per = max(first_round_candidate_s(self.first_rounds), floor)
-        left = self.budget.deadline - self.budget.clock() - self.finish_s()
-        return per > 0 and left > waiting * WARM_UP_CANDIDATES * per
 
     def limit(self, first: bool, waiting: int, pending: int = 0) -> int | None:
         """Candidates the next step may measure (None: no limit): what is left of the trial cap, less

@@ -125,7 +125,7 @@ def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights:
         return sum(t.rounds == 0 and not t.finished for t in states)
 
     while not (stopped_by := ledger.spent(waiting())):
-        i, extending = sched.next_task(spare=ledger.spare(waiting())), False
+        i, extending = sched.next_task(), False
         if i is None and budget.extend:
             # the per-task cap is a default, not a reason to stop with time left: the
             # task with the largest weight x latency gets another storm round + raindrop

@@ -13,12 +13,10 @@ schedule gets one more round; tasks that are finished or still have none after
 it (dead) are skipped. The scheduler proposes a
 task index and is told the task's best latency after each round.
 
-The warm-up takes the heaviest tasks first (weight x FLOPs). While the driver says the time
-left is ``spare`` (it covers the waiting tasks' first rounds and more), a task already reached
-may take the next round before the warm-up ends: the one of most negative gradient, when its
-expected gain is larger than the next waiting task's (``warm_up_gain``). A many-task model
-given a short budget otherwise spends it all on first rounds, its heaviest convolutions left
-with their first transfers while a hundred concatenations and ReLUs have theirs
+The warm-up takes the heaviest tasks first (weight x FLOPs): their first rounds find no
+sibling tuned yet and sample the design space, and the lighter tasks of their class then start
+from their schedules. Taken in the model's order, a many-task model given a short budget
+started its heaviest convolutions from the transfers of lighter siblings tuned as briefly
 (benchmarks/RESULTS.md, "Time to fast").
 """
 
@@ -26,14 +24,9 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 from dataclasses import dataclass, field
 
-# a task never reached runs as a naive loop nest, about this many times slower than tuned (an
-# untuned many-task model is tens of times slower than after a short tune): the gain of its first round
-NAIVE_SLOWDOWN = 10.0
-# warm-ups: "heaviest" (as above), "in order" (every task once, in the model's order, before any
-# second round: Ansor's round robin)
+# warm-ups: "heaviest" first (as above), "in order" (the model's order, as Ansor's round robin)
 WARM_UPS = ("heaviest", "in order")
 
 
@@ -80,45 +73,23 @@ class GradientScheduler:
             return waiting
         return sorted(waiting, key=lambda i: -self.tasks[i].weight * self.tasks[i].flops)
 
-    def next_task(self, spare: bool = False) -> int | None:
-        """The index of the task to tune next, or None when every task is finished. ``spare``: the
-        time left covers the waiting tasks' first rounds and more, so a task already reached may
-        take a round before the warm-up ends (see the module's docstring)."""
+    def next_task(self) -> int | None:
+        """The index of the task to tune next, or None when every task is finished."""
         live = self.live()
         if not live:
             return None
         waiting = self.waiting()
-        if waiting and (not spare or self.warm_up == "in order"):
+        if waiting:  # warm-up: one round each
             return waiting[0]
         for i in live:  # a second round for a task whose first found no valid schedule
             if self.tasks[i].rounds == 1 and not math.isfinite(self.tasks[i].best):
                 return i
         alive = [i for i in live if math.isfinite(self.tasks[i].best)]
-        if waiting:
-            if not alive:
-                return waiting[0]
-            i = min(alive, key=self.gradient)
-            return i if -self.gradient(i) > self.warm_up_gain(waiting[0]) else waiting[0]
         if not alive:  # nothing valid anywhere yet: keep going round robin
             return min(live, key=lambda i: self.tasks[i].rounds)
         if self.eps and self.rng.random() < self.eps:
             return self.rng.choice(alive)
         return min(alive, key=self.gradient)
-
-    def warm_up_gain(self, i: int) -> float:
-        """What task ``i``'s first round is expected to save of the model's latency: its weight x its
-        FLOPs at the throughput of its most similar task reached (the median of the tasks reached
-        where none is similar), as a naive loop nest less tuned (``NAIVE_SLOWDOWN``); inf while no
-        throughput is known."""
-        t = self.tasks[i]
-        tput = self._similar_throughput(t) or statistics.median(
-            [s.flops / s.best for s in self.tasks if s.flops > 1 and math.isfinite(s.best) and s.best > 0] or [0.0])
-        return (NAIVE_SLOWDOWN - 1) * t.weight * t.flops / tput if tput > 0 else math.inf
-
-    def _similar_throughput(self, t: TaskState) -> float:
-        """The best throughput (FLOPs a second) among the tasks similar to ``t`` (0 where none)."""
-        return max((s.flops / s.best for s in self.tasks
-                    if s.similarity_key == t.similarity_key and math.isfinite(s.best) and s.best > 0), default=0.0)
 
     def gradient(self, i: int) -> float:
         t = self.tasks[i]
@@ -127,7 +98,9 @@ class GradientScheduler:
             backward = (g - t.history[-1 - self.window]) / self.window
         else:
             backward = 0.0
-        best_tput = self._similar_throughput(t)
+        best_tput = max((s.flops / s.best for s in self.tasks
+                         if s.similarity_key == t.similarity_key and math.isfinite(s.best) and s.best > 0),
+                        default=0.0)
         g_next = g - g / max(rounds, 1)
         if best_tput > 0:
             g_next = min(g_next, self.beta * t.flops / best_tput)
