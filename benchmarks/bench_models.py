@@ -66,8 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="A/B of issue 40: 'half' gives every task's storm half its per-task cap whatever the "
                         "global --trials (the split before: no raindrop under a small cap)")
     p.add_argument("--in-order-ab", action="store_true",
-                   help="tunes once more with every task's first round in the model's order before any second "
-                        "(ModelOptions.warm_up='in order'), timed in turns with the peers")
+                   help="tunes with the tasks' first rounds heaviest first (ModelOptions.warm_up='heaviest') and "
+                        "once more in the model's order ('in order'), timed in turns with the peers")
     p.add_argument("--hub", default="on", choices=["on", "off", "ab"],
                    help="stormdrop draws reuse donors from the shipped schedule hub of the target's ISA class (on, "
                         "the library's default), not (off), or tunes both ways, timed in turns with the peers (ab)")
@@ -159,7 +159,8 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
 
         def tune(db: str, cache_flush: bool | None, untuned: bool = False, lowering: Lowering = lowering,
                  hub: bool | str = args.hub != "off", warmup_ms: float = warmup_ms, prior_file: str | None = None,
-                 prior_alone: int | None = None, storm: dict | None = None, warm_up: str = "heaviest"):
+                 prior_alone: int | None = None, storm: dict | None = None,
+                 warm_up: str = "heaviest" if args.in_order_ab else ModelOptions.warm_up):
             return tune_model(model,
                               ModelOptions(trials=None if args.time_budget else args.trials,
                                            trials_per_task=args.trials_per_task, time_budget=args.time_budget,
