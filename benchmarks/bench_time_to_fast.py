@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
              f"- each row: `tune --model M --time-budget S` with the schedule hub ({bench_models._hub_name(target)}) "
              + (f"and with the hub file {os.path.basename(args.other_hub)}" if args.other_hub else
                 "and with it, every task's first round in the model's order (--in-order-ab; 'hub': heaviest "
-                "first, the default)" if args.in_order_ab else "and without it")
+                "first)" if args.in_order_ab else "and without it")
              + ", fresh databases, defaults otherwise; latencies in ms: median of "
              f"{args.rounds} rounds in which the peers take turns; ratios > 1: stormdrop faster; 'faster than ORT "
              "after': the tune's own reading (every task's best so far, scaled to the measured model, against the "

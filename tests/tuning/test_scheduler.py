@@ -335,11 +335,11 @@ def test_the_warm_up_takes_the_heaviest_tasks_first(monkeypatch):
     monkeypatch.setattr(driver, "verify_bests", lambda sessions: None)
     tasks = [TaskState(1, 1e4, "relu"), TaskState(36, 2e7, "conv2d"), TaskState(1, 0, "concat"),
              TaskState(1, 1e5, "relu"), TaskState(1, 1e4, "relu")]
-    assert GradientScheduler(tasks).waiting() == [1, 3, 0, 4, 2]
-    assert GradientScheduler(tasks, warm_up="in order").waiting() == [0, 1, 2, 3, 4]
+    assert GradientScheduler(tasks, warm_up="heaviest").waiting() == [1, 3, 0, 4, 2]
+    assert GradientScheduler(tasks).waiting() == [0, 1, 2, 3, 4]  # the default: the model's order
     with pytest.raises(ValueError, match="warm-up"):
         GradientScheduler(tasks, warm_up="lightest")
-    sched = GradientScheduler(tasks)
+    sched = GradientScheduler(tasks, warm_up="heaviest")
     seen = []
     while (i := sched.next_task()) is not None and len(seen) < 5:
         seen.append(i)

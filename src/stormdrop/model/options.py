@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from stormdrop.lowering.pipeline import Lowering
 from stormdrop.measure.gateway import MeasureConfig
 from stormdrop.search.options import SearchOptions
+from stormdrop.tuning.scheduler import WARM_UPS
 
 
 @dataclass(frozen=True)
@@ -23,9 +24,8 @@ class ModelOptions:
     None: the model defaults (``MeasureConfig.for_models``). ``lowering_for_budget``: False keeps
     the lowering as given whatever the budget (``Lowering.for_budget`` turns Winograd off under a
     small one): a hub build that tunes the Winograd kernels a short tune then finds in the hub.
-    ``warm_up``: the order of the tasks' first rounds (``tuning.scheduler.WARM_UPS``: "heaviest"
-    first, or "in order", the model's; "in order" stays the default until an A/B of "heaviest"
-    alone on held-out networks says otherwise)."""
+    ``warm_up``: the order of the tasks' first rounds (``tuning.scheduler.WARM_UPS``: "in order",
+    the model's, or "heaviest" first)."""
 
     trials: int | None = 1000
     trials_per_task: int = 128
@@ -39,4 +39,4 @@ class ModelOptions:
     in_model_candidates: int = 1
     progress: bool = False
     lowering_for_budget: bool = True
-    warm_up: str = "in order"
+    warm_up: str = WARM_UPS[0]

@@ -22,7 +22,7 @@ from stormdrop.storage.donors import open_donors
 from stormdrop.storage.hub import open_hub
 from stormdrop.tuning.budget import Budget, Ledger
 from stormdrop.tuning.evaluation import evaluate_together
-from stormdrop.tuning.scheduler import GradientScheduler, TaskState
+from stormdrop.tuning.scheduler import WARM_UPS, GradientScheduler, TaskState
 from stormdrop.tuning.task import TaskSession, TaskTuner
 from stormdrop.tuning.verify import verify_bests
 
@@ -98,7 +98,7 @@ def first_rounds_together(i: int, after: Sequence[int], tuners: Sequence[TaskTun
 
 
 def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights: Sequence[int], budget: Budget, *,
-          used: int = 0, seed: int = 0, storm: StormConfig | None = None, warm_up: str = "heaviest",
+          used: int = 0, seed: int = 0, storm: StormConfig | None = None, warm_up: str = WARM_UPS[0],
           on_step: Callable[[int, int], None] | None = None) -> str:
     """Tune until ``budget`` is spent or every task is done; then finish and verify every task.
 

@@ -13,11 +13,9 @@ schedule gets one more round; tasks that are finished or still have none after
 it (dead) are skipped. The scheduler proposes a
 task index and is told the task's best latency after each round.
 
-The warm-up takes the heaviest tasks first (weight x FLOPs): their first rounds find no
-sibling tuned yet and sample the design space, and the lighter tasks of their class then start
-from their schedules. Taken in the model's order, a many-task model given a short budget
-started its heaviest convolutions from the transfers of lighter siblings tuned as briefly
-(benchmarks/RESULTS.md, "Time to fast").
+The warm-up (``WARM_UPS``) goes in the model's order, or with ``warm_up="heaviest"`` heaviest
+(weight x FLOPs) first: the heaviest tasks then sample their design space before lighter siblings
+tuned as briefly can hand them a schedule, and the lighter ones start from theirs.
 """
 
 from __future__ import annotations
@@ -26,8 +24,8 @@ import math
 import random
 from dataclasses import dataclass, field
 
-# warm-ups: "heaviest" first (as above), "in order" (the model's order, as Ansor's round robin)
-WARM_UPS = ("heaviest", "in order")
+# warm-ups, the default first: "in order" (the model's, as Ansor's round robin), "heaviest" first
+WARM_UPS = ("in order", "heaviest")
 
 
 @dataclass
@@ -56,7 +54,7 @@ class GradientScheduler:
     ``warm_up`` (``WARM_UPS``)."""
 
     def __init__(self, tasks: list[TaskState], *, alpha: float = 0.2, beta: float = 2.0, window: int = 3,
-                 eps: float = 0.0, seed: int = 0, warm_up: str = "heaviest") -> None:
+                 eps: float = 0.0, seed: int = 0, warm_up: str = WARM_UPS[0]) -> None:
         if warm_up not in WARM_UPS:
             raise ValueError(f"warm-up {warm_up!r}: one of {', '.join(WARM_UPS)}")
         self.tasks, self.warm_up = tasks, warm_up
@@ -67,7 +65,7 @@ class GradientScheduler:
         return [i for i, t in enumerate(self.tasks) if not t.finished]
 
     def waiting(self) -> list[int]:
-        """The tasks yet to have a round, in warm-up order: heaviest (weight x FLOPs) first."""
+        """The tasks yet to have a round, in warm-up order (``warm_up``)."""
         waiting = [i for i in self.live() if self.tasks[i].rounds == 0]
         if self.warm_up == "in order":
             return waiting
