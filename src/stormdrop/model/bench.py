@@ -159,12 +159,12 @@ def bench_model(spec: Any, *, db: Database, target: Any = None, seed: int = 0, l
     result = BenchResult(canonical(tgt), model.name)
     ex, result.tasks = tuned_build(model, db, tgt, lowering)
     inputs = random_inputs(model, seed)
+    if rpc is None:  # before the other runtimes run here: their idle threads take the cores a while
+        task_times_in_model(ex, inputs, tgt, result.tasks)
     latency, result.max_abs_error = side_by_side(model, ex, inputs, tgt, rpc=rpc)
     result.latency_s.update(latency)
     result.faster_after_s = last_tune_faster_after(db, model.name, result.target, latency)
     result.latency_s["pytorch"] = None
-    if rpc is None:
-        task_times_in_model(ex, inputs, tgt, result.tasks)
     if model.torch_program is not None:
         try:
             _, result.latency_s["pytorch"] = run_pytorch(model.torch_program, inputs, num_cores(tgt))

@@ -209,15 +209,22 @@ def _outputs(vm: Any, args: list) -> list[np.ndarray]:
         out.numpy()]
 
 
+WARM_UP_S = 0.3  # the model runs this long before its kernels are timed in place (``kernel_times``)
+
+
 def kernel_times(ex: Any, inputs: dict[str, np.ndarray], target: Target, runs: int = 20) -> dict[str, float]:
     """Seconds per model run spent in each kernel (by function name), timed inside the model.
 
     A kernel timed alone on warm caches (as tuning measures it) can run faster than the
     same kernel between its neighbours in the model, where its weights and inputs come
-    from further away. A VM instrument times every kernel call of ``runs`` runs (after one
-    warm-up); each figure is the median over runs of the kernel's summed calls in one run,
-    and includes the instrument's own cost (about a microsecond a call). VM builtins
-    (allocation, tuples) are not kernels and are left out.
+    from further away. A VM instrument times every kernel call of ``runs`` runs; each figure is
+    the median over runs of the kernel's summed calls in one run, and includes the instrument's
+    own cost (about a microsecond a call). VM builtins (allocation, tuples) are not kernels and
+    are left out.
+
+    The model first runs uninstrumented for ``WARM_UP_S``: right after the model's compile, or
+    after ONNX Runtime ran in this process (its idle threads keep taking turns on the cores for
+    a while), a few dozen runs under the instrument took up to twice the model's latency.
     """
     vm, _, args = _vm(ex, inputs, target)
     per_run: dict[str, list[float]] = {}
@@ -233,8 +240,11 @@ def kernel_times(ex: Any, inputs: dict[str, np.ndarray], target: Target, runs: i
             current[symbol] = current.get(symbol, 0.0) + time.perf_counter() - started[0]
         return 0
 
-    vm.set_instrument(instrument)
     with timing():
+        warm_until = time.perf_counter() + WARM_UP_S
+        while time.perf_counter() < warm_until:
+            vm["main"](*args)
+        vm.set_instrument(instrument)
         _kernel_runs(vm, args, runs, current, per_run)
     return {symbol: float(np.median(v)) for symbol, v in per_run.items()}
 
