@@ -39,7 +39,7 @@ def hub_tasks(name: str, resolution: int | None, target, budget: float, hub_file
     a tune under ``budget`` seconds lowers it (every convolution direct unless the hub holds its
     Winograd kernels)."""
     from stormdrop import Lowering, extract_tasks, load_model
-    from stormdrop.model.tune import budgeted_tasks
+    from stormdrop.model.tune import budgeted_extraction
     from stormdrop.storage.donors import tuned_in
     from stormdrop.storage.hub import open_hub
     from stormdrop.target import canonical
@@ -49,8 +49,7 @@ def hub_tasks(name: str, resolution: int | None, target, budget: float, hub_file
     if hub is None:
         return 0, len(extract_tasks(model, target)[1])
     with hub:
-        _, tasks, _ = budgeted_tasks(model, target, Lowering(), extract_tasks(model, target), (None, budget), [hub],
-                                     True)
+        _, tasks, _ = budgeted_extraction(model, target, Lowering(), (None, budget), [hub], True)
         return sum(tuned_in(k.mod, canonical(target), [hub]) for k, _ in tasks), len(tasks)
 
 

@@ -45,10 +45,56 @@ def test_the_tasks_a_budget_tunes_are_direct_without_donors_of_every_winograd_ke
     extracted = extract_tasks(model, target, Lowering())
     assert any("winograd" in k.name for k, _ in extracted[1])
     for budget, reuse in [((6, None), True), ((None, 30.0), True), ((6, None), False)]:
-        _, tasks, lowering = budgeted_tasks(model, target, Lowering(), extracted, budget, [], reuse)
+        _, tasks, lowering = budgeted_tasks(model, target, Lowering(), (Lowering(), extracted), budget, [], reuse)
         assert lowering.winograd == "off" and tasks and not any("winograd" in k.name for k, _ in tasks)
-    fused, tasks, lowering = budgeted_tasks(model, target, Lowering(), extracted, (None, None), [], True)
+    fused, tasks, lowering = budgeted_tasks(model, target, Lowering(), (Lowering(), extracted), (None, None), [], True)
     assert (fused, tasks) == extracted and lowering == Lowering()
+
+
+def test_a_budget_too_small_for_any_winograd_kernel_extracts_the_model_once(tmp_path, monkeypatch):
+    """Two convolutions are two tasks at least: 6 trials (or 30 s) cannot give a Winograd kernel
+    its trials whatever the task count, so the tasks are extracted once, direct (an extraction
+    lowers the whole model: seconds for a large one), unless reuse could start every Winograd kernel
+    from the donors (a donor holds a Winograd kernel of each shape: then as the lowering says, as
+    before). A budget that may leave them enough trials extracts as the lowering says too."""
+    from types import SimpleNamespace
+
+    from stormdrop.lowering.pipeline import Lowering
+    from stormdrop.lowering.winograd import kernel_key
+    from stormdrop.model import tune as model_tune
+
+    model, target = load_model(conv48(tmp_path)), host_target()
+    convolutions, keys = Lowering().convolutions(model.mod, target)
+    assert convolutions == 2 and keys == [((1, 28, 28, 48), 48, 6)]
+    _, tasks = extract_tasks(model, target, Lowering())  # the Winograd kernel's own arguments say the same
+    winograd = [k for k, _ in tasks if "winograd" in k.name]
+    assert [kernel_key(k.mod) for k in winograd] == keys
+    assert Lowering(winograd="off").convolutions(model.mod, target) == (2, [])
+
+    lowerings = []
+    real = model_tune.extract_tasks
+    monkeypatch.setattr(model_tune, "extract_tasks", lambda m, t, lo=None: lowerings.append(lo) or real(m, t, lo))
+
+    def extracted_with(budget, donors=(), reuse=True):
+        lowerings.clear()
+        _, tasks, lowering = model_tune.budgeted_extraction(model, target, Lowering(), budget, list(donors), reuse)
+        assert any("winograd" in k.name for k, _ in tasks) == (lowering == Lowering())
+        return list(lowerings), lowering
+
+    off = Lowering(winograd="off")
+    for budget in [(6, None), (None, 30.0)]:
+        assert extracted_with(budget) == ([off], off)  # once, direct
+    # a donor holding a Winograd kernel of that shape (not this workload: no records either)
+    donor = SimpleNamespace(modules_of_class=lambda word: [winograd[0].mod] * (word == "conv2d_winograd"),
+                            find_workload=lambda mod: None)
+    assert extracted_with((6, None), [donor]) == ([Lowering(), off], off)
+    assert extracted_with((6, None), [donor], reuse=False) == ([off], off)
+    other = SimpleNamespace(modules_of_class=lambda word: [], find_workload=lambda mod: None)
+    assert extracted_with((6, None), [other]) == ([off], off)
+    # 128 trials could be 64 for each of two tasks: as the lowering says, then direct (more tasks
+    # than two); 64 for each task there is: once, Winograd kept
+    assert extracted_with((128, None)) == ([Lowering(), off], off)
+    assert extracted_with((64 * len(tasks), None)) == ([Lowering()], Lowering())
 
 
 @pytest.mark.slow

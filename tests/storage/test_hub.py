@@ -21,6 +21,7 @@ from stormdrop.records import Phase
 from stormdrop.search.options import SearchOptions
 from stormdrop.storage import hub
 from stormdrop.storage.database import Database, canonical_target
+from stormdrop.storage.identity import same_workload
 from stormdrop.tuning.kernel_tune import tune_kernel
 from stormdrop.tuning.options import KernelOptions
 
@@ -99,7 +100,16 @@ def test_a_hub_is_written_from_a_database_and_read_back_as_a_donor_of_the_runs_t
     try:
         assert donor.find_workload(matmul_mod(64)) is None  # not held: nothing decoded for it
         assert donor._pending  # decoded only when asked for
+        # the modules of one op class (a tune's shapes of Winograd kernels), read without decoding
+        # the records: the same before and after the workload is decoded, and as in the source
+        (pending,) = donor.modules_of_class("matmul")
+        assert donor._pending and donor.modules_of_class("conv2d_winograd") == []
         (entry,) = donor.workloads()
+        (decoded,) = donor.modules_of_class("matmul")
+        assert same_workload(decoded, pending) and same_workload(decoded, entry.mod)
+        with Database(path, read_only=True) as db:
+            (source,) = db.modules_of_class("matmul")
+            assert same_workload(source, entry.mod) and db.modules_of_class("winograd") == []
         assert donor.find_workload(entry.mod) == entry
         assert entry.op_class == "matmul"
         best = donor.best(entry.workload_id, ZEN4, k=5)

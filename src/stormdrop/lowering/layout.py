@@ -140,7 +140,7 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
                       attrs.dilation, primfunc_name_hint="depthwise_conv2d_NCHWc")
 
 
-def _op_calls(func: relax.Function) -> list[relax.Call]:
+def op_calls(func: relax.Function) -> list[relax.Call]:
     """Every call of a Relax operator in ``func``, in post order."""
     calls: list[relax.Call] = []
 
@@ -154,7 +154,7 @@ def _op_calls(func: relax.Function) -> list[relax.Call]:
 
 def has_conv2d(mod: tvm.IRModule) -> bool:
     return any(call.op.name == "relax.nn.conv2d" for func in mod.functions.values()
-               if isinstance(func, relax.Function) for call in _op_calls(func))
+               if isinstance(func, relax.Function) for call in op_calls(func))
 
 
 LAYOUTS = ("auto", "nhwc", "blocked", "nchw")
@@ -257,7 +257,7 @@ def legalizations() -> dict[str, Any]:
 def weight_transforms(mod: tvm.IRModule) -> int:
     """How many calls of ``main`` compute on constants only (a per-call weight transform)."""
     count = 0
-    for call in _op_calls(mod["main"]):
+    for call in op_calls(mod["main"]):
         if call.op.name == "relax.call_tir":
             args = call.args[1]
             tensors = list(args.fields) if isinstance(args, relax.Tuple) else [args]

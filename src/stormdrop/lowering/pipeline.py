@@ -15,9 +15,9 @@ from tvm.target import Target
 
 from stormdrop.errors import SpecError
 from stormdrop.lowering import attention, concat, fastmath, padded_columns, padded_rows, reductions
-from stormdrop.lowering.layout import LAYOUTS, convert_layout
+from stormdrop.lowering.layout import LAYOUTS, convert_layout, op_calls
 from stormdrop.lowering.layout import legalizations as layout_legalizations
-from stormdrop.lowering.winograd import MIN_TRIALS_PER_TASK, TRIAL_S
+from stormdrop.lowering.winograd import MIN_TRIALS_PER_TASK, TRIAL_S, planned_key
 from stormdrop.lowering.winograd import MODES as WINOGRAD_MODES
 from stormdrop.lowering.winograd import legalization as winograd_legalization
 from stormdrop.tvm_compat.intrinsics import load_tensor_intrinsics
@@ -85,18 +85,42 @@ class Lowering:
             return dataclasses.replace(self, winograd="off")
         return self
 
+    def _laid_out(self, mod: tvm.IRModule, target: Target) -> tvm.IRModule:
+        """``lower``'s steps before legalization (under ``with target``): the convolutions in their layout."""
+        mod = relax.transform.CanonicalizeBindings()(mod)
+        if self.pad_attention and target.kind.name == "llvm":
+            mod = attention.pad_sequences(mod)
+        if self.combine_matmuls:  # Q, K and V projections (matmuls sharing their input) as one GEMM
+            mod = combine_parallel_matmuls(mod)
+        return relax.transform.Normalize()(convert_layout(mod, target, self.layout))
+
+    def convolutions(self, mod: tvm.IRModule, target: Target) -> tuple[int, list[tuple]]:
+        """The model's distinct convolutions (each is a kernel of its own: at least this many
+        tasks), and the Winograd kernels this lowering makes of them (``winograd.planned_key``),
+        without legalizing or compiling anything."""
+        mode = self.winograd if target.kind.name == "llvm" else "off"
+        with target:
+            mod = self._laid_out(mod, target)
+        distinct, keys = set(), []
+        for func in mod.functions.values():
+            if not isinstance(func, relax.Function):
+                continue
+            for call in op_calls(func):
+                if call.op.name != "relax.nn.conv2d":
+                    continue
+                distinct.add((str(call.args[0].ty), str(call.args[1].ty), str(call.attrs)))
+                key = planned_key(call, mode)
+                if key is not None and key not in keys:
+                    keys.append(key)
+        return len(distinct), keys
+
     def lower(self, mod: tvm.IRModule, target: Target, prepack_weights: bool) -> tvm.IRModule:
         """The model's Relax module, legalized and fused into kernels for ``target``.
         ``prepack_weights``: weights and constants become layout-free buffers of the kernels."""
         load_tensor_intrinsics(target)
         cpu = target.kind.name == "llvm"
         with target:
-            mod = relax.transform.CanonicalizeBindings()(mod)
-            if self.pad_attention and cpu:
-                mod = attention.pad_sequences(mod)
-            if self.combine_matmuls:  # Q, K and V projections (matmuls sharing their input) as one GEMM
-                mod = combine_parallel_matmuls(mod)
-            mod = relax.transform.Normalize()(convert_layout(mod, target, self.layout))
+            mod = self._laid_out(mod, target)
             rules = dict(layout_legalizations())
             if self.fast_math and cpu:
                 rules.update(fastmath.legalizations())

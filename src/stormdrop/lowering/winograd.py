@@ -131,16 +131,45 @@ def eligible(call: relax.Call) -> bool:
             and [int(kshape[0]), int(kshape[1])] == [3, 3])
 
 
+def tile_of(call: relax.Call, mode: str) -> int | None:
+    """The output tile m that ``legalization(mode, ...)`` computes this conv2d call with, or ``None``
+    where it stays the layout's convolution."""
+    if mode == "off" or not eligible(call) or str(call.args[0].ty.dtype) != "float32":
+        return None
+    _, _, ci, co = _ints(call.args[1].ty.shape)
+    out = call.ty.shape
+    return choose_tile(mode, (int(out[1]), int(out[2])), ci, co)
+
+
+def planned_key(call: relax.Call, mode: str) -> tuple | None:
+    """(input shape, output channels, alpha) of the Winograd kernel ``legalization(mode, ...)``
+    makes of this conv2d call, or ``None``: the shapes ``kernel_key`` reads off the kernel."""
+    m = tile_of(call, mode)
+    if m is None:
+        return None
+    return tuple(_ints(call.args[0].ty.shape)), _ints(call.args[1].ty.shape)[3], m + 2
+
+
+def kernel_key(mod: Any) -> tuple | None:
+    """(input shape, output channels, alpha) of a Winograd kernel (a task's module), from its
+    arguments (its input first, then its transformed weights ``[alpha, alpha, CI, CO]``), or ``None``."""
+    from stormdrop.workloads import kernel_args
+
+    shapes = [shape for _, shape, _ in kernel_args(mod)]
+    if len(shapes) < 2 or len(shapes[0]) != 4 or len(shapes[1]) != 4:
+        return None
+    alpha, alpha2, ci, co = shapes[1]
+    if alpha != alpha2 or alpha not in (4, 6) or ci != shapes[0][3]:
+        return None
+    return tuple(shapes[0]), co, alpha
+
+
 def legalization(mode: str, fallback: Any) -> Any:
-    """A ``LegalizeOps`` rule for ``relax.nn.conv2d``: Winograd where ``choose_tile`` says so,
-    ``fallback(bb, call)`` (the layout's legalization) for every other convolution."""
+    """A ``LegalizeOps`` rule for ``relax.nn.conv2d``: Winograd where ``choose_tile`` says so
+    (``tile_of``), ``fallback(bb, call)`` (the layout's legalization) for every other convolution."""
 
     def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-        if not eligible(call) or str(call.args[0].ty.dtype) != "float32":
-            return fallback(bb, call)
-        _, _, ci, co = _ints(call.args[1].ty.shape)
-        out = call.ty.shape
-        m = choose_tile(mode, (int(out[1]), int(out[2])), ci, co)
+        m = tile_of(call, mode)
         if m is None:
             return fallback(bb, call)
         weights = bb.emit_te(weight_transform, call.args[1], m, primfunc_name_hint="winograd_weight")

@@ -9,9 +9,11 @@ Relax VM, and checked against ONNX Runtime (ONNX inputs) or the untuned build.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +23,7 @@ from tvm.target import Target
 
 from stormdrop.lowering.pipeline import Lowering
 from stormdrop.lowering.winograd import direct_flops as winograd_direct_flops
+from stormdrop.lowering.winograd import kernel_key as winograd_kernel_key
 from stormdrop.measure.gateway import Gateway, MeasureConfig
 from stormdrop.measure.tracker import RpcConfig
 from stormdrop.model.choice import Deployable, choose
@@ -41,7 +44,7 @@ from stormdrop.storage.donors import tuned_in
 from stormdrop.storage.identity import block_names
 from stormdrop.target import canonical, parse_target
 from stormdrop.tuning.budget import Budget, first_batch_size, model_compiles, storm_share
-from stormdrop.tuning.driver import drive, measured, run_databases
+from stormdrop.tuning.driver import donor_databases, drive, measured, run_database
 from stormdrop.tuning.task import TaskResult, TaskSession, TaskTuner
 from stormdrop.tuning.verify import records_after_verified
 from stormdrop.tvm_compat.runtime import export_library
@@ -117,27 +120,72 @@ def extract_tasks(model: Model, target: Target, lowering: Lowering | None = None
     return fused, out
 
 
-def budgeted_tasks(model: Model, target: Target, lowering: Lowering, extracted: tuple[tvm.IRModule, list],
-                   budget: tuple[int | None, float | None], donor_dbs: list, reuse: bool
-                   ) -> tuple[tvm.IRModule, list[tuple[Kernel, int]], Lowering]:
-    """The fused module, tasks and lowering a tune under ``budget`` (trials, time budget) works on,
-    from those ``lowering`` gave (``extracted``): every convolution direct where the budget is too
-    small for Winograd kernels (``Lowering.for_budget``), unless ``reuse`` is on and the donors (the
-    schedule hub among them) hold every one of them."""
-    fused, tasks = extracted
+def first_lowering(model: Model, target: Target, lowering: Lowering, budget: tuple[int | None, float | None],
+                   donor_dbs: list, reuse: bool) -> Lowering:
+    """The lowering to extract a model's tasks with under ``budget`` (trials, time budget): every
+    convolution direct where the budget is too small for Winograd kernels (``Lowering.for_budget``)
+    whatever the task count (at least one task per distinct convolution, ``Lowering.convolutions``)
+    and reuse could not start them all from the donors (a donor, the schedule hub among them,
+    lacks a Winograd kernel of one of their shapes); else ``lowering``, which ``budgeted_tasks``
+    may still make direct. An extraction lowers the whole model: seconds for a large one."""
     trials, time_budget = budget
-    budgeted = lowering.for_budget(trials, len(tasks), time_budget)
+    if lowering.winograd != "auto" or (trials is None and not time_budget):
+        return lowering
+    convolutions, winograd = lowering.convolutions(model.mod, target)
+    direct = lowering.for_budget(trials, convolutions, time_budget)
+    if direct == lowering or not winograd or (reuse and set(winograd) <= _held_winograd(donor_dbs)):
+        return lowering
+    return direct
+
+
+def _held_winograd(donor_dbs: list) -> set[tuple]:
+    """``winograd.kernel_key`` of every Winograd kernel the donors hold (records or not)."""
+    return {key for db in donor_dbs for mod in db.modules_of_class("conv2d_winograd")
+            if (key := winograd_kernel_key(mod)) is not None}
+
+
+def budgeted_tasks(model: Model, target: Target, lowering: Lowering,
+                   extracted: tuple[Lowering, tuple[tvm.IRModule, list]], budget: tuple[int | None, float | None],
+                   donor_dbs: list, reuse: bool) -> tuple[tvm.IRModule, list[tuple[Kernel, int]], Lowering]:
+    """The fused module, tasks and lowering a tune under ``budget`` (trials, time budget) works on,
+    from ``extracted`` (the lowering the tasks were extracted with, ``first_lowering``, and its fused
+    module and tasks): every convolution direct where the budget is too small for Winograd kernels
+    (``Lowering.for_budget``), unless ``reuse`` is on and the donors (the schedule hub among them)
+    hold every one of them."""
+    first, (fused, tasks) = extracted
+    trials, time_budget = budget
     budget_words = f"{trials} trials" if trials is not None else f"a {time_budget or 0:.0f}-s budget"
+    budgeted = first if first != lowering else lowering.for_budget(trials, len(tasks), time_budget)
     winograd = [k for k, _ in tasks if "winograd" in k.name]
-    if budgeted == lowering or not winograd:
+    if budgeted == lowering or (first == lowering and not winograd):
         return fused, tasks, lowering
-    if reuse and all(tuned_in(k.mod, canonical(target), donor_dbs) for k in winograd):
+    if first == lowering and reuse and all(tuned_in(k.mod, canonical(target), donor_dbs) for k in winograd):
         log.info("%s: %s for %d tasks: Winograd kept, every Winograd kernel has tuned schedules "
                  "among the donors (the schedule hub)", model.name, budget_words, len(tasks))
         return fused, tasks, lowering
     log.info("%s: %s for %d tasks: every convolution direct (Winograd kernels need more "
              "trials)", model.name, budget_words, len(tasks))
-    return *extract_tasks(model, target, budgeted), budgeted
+    return (fused, tasks, first) if first != lowering else (*extract_tasks(model, target, budgeted), budgeted)
+
+
+def budgeted_extraction(model: Model, target: Target, lowering: Lowering, budget: tuple[int | None, float | None],
+                        donor_dbs: list, reuse: bool) -> tuple[tvm.IRModule, list[tuple[Kernel, int]], Lowering]:
+    """The fused module, tasks and lowering a tune under ``budget`` works on: extracted with
+    ``first_lowering``, then ``budgeted_tasks``."""
+    first = first_lowering(model, target, lowering, budget, donor_dbs, reuse)
+    return budgeted_tasks(model, target, lowering, (first, extract_tasks(model, target, first)), budget, donor_dbs,
+                          reuse)
+
+
+@contextlib.contextmanager
+def _databases(db: Any, reuse_from: Sequence[str], target: Target, hub: bool | str,
+               extract: Callable[[list], tuple]) -> Iterator[tuple[Any, list, tuple]]:
+    """``tuning.driver.run_databases`` with the model's tasks (``extract(donors)``) made after the
+    donors are open and before the run's database is: a model that cannot be lowered touches nothing."""
+    with donor_databases(reuse_from, target, hub) as donors:
+        extracted = extract(donors)
+        with run_database(db) as database:
+            yield database, donors, extracted
 
 
 def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = None, db: Any = None) -> ModelResult:
@@ -159,13 +207,13 @@ def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = 
     measure = (opts.measure or MeasureConfig()).for_models(tgt)
     in_model_candidates = 1 if measure.rpc else opts.in_model_candidates  # the VM instrument times kernels here only
     lowering = opts.lowering or Lowering()
-    extracted = extract_tasks(model, tgt, lowering)
+    budget = (trials, opts.time_budget) if opts.lowering_for_budget else (None, None)  # None: lowering kept
     display = None
     try:
-        with run_databases(db, search.reuse_from, tgt, search.hub_source) as (database, donor_dbs):
-            budget = (trials, opts.time_budget) if opts.lowering_for_budget else (None, None)  # None: lowering kept
-            fused, tasks, lowering = budgeted_tasks(model, tgt, lowering, extracted, budget, donor_dbs,
-                                                    search.reuse > 0 and Phase.REUSE in search.phases)
+        reuse = search.reuse > 0 and Phase.REUSE in search.phases
+        with _databases(db, search.reuse_from, tgt, search.hub_source,
+                        lambda donors: budgeted_extraction(model, tgt, lowering, budget, donors, reuse)
+                        ) as (database, donor_dbs, (fused, tasks, lowering)):
             with Gateway(tgt, measure) as gateway:
                 stages = {"tasks": time.monotonic() - start}
                 sessions = [TaskSession(database, gateway, k, tgt, seed) for k, _ in tasks]

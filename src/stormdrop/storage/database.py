@@ -221,6 +221,12 @@ class Database(Claims):
         rows = self._query(f"SELECT {WORKLOAD_COLS} FROM workloads ORDER BY workload_id")
         return [self._entry(r) for r in rows]
 
+    def modules_of_class(self, word: str) -> list[tvm.IRModule]:
+        """The modules of the workloads whose op class (the names of their blocks) contains ``word``."""
+        rows = self._query(f"SELECT {WORKLOAD_COLS} FROM workloads WHERE instr(op_class, ?) > 0 ORDER BY workload_id",
+                           (word,))
+        return [self._entry(r).mod for r in rows]
+
     def workload(self, workload_id: int) -> WorkloadEntry:
         """The workload with this id (DatabaseError if unknown)."""
         rows = self._query(

@@ -23,6 +23,7 @@ Contracts:
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import logging
@@ -243,6 +244,17 @@ class HubDatabase(Database):
     def workloads(self) -> list[WorkloadEntry]:
         self._decode_pending()
         return super().workloads()
+
+    def modules_of_class(self, word: str) -> list[tvm.IRModule]:
+        """As ``Database.modules_of_class``, the lines not yet decoded read for their module alone (a
+        malformed one left out: decoding it for ``find_workload`` says so)."""
+        mods = super().modules_of_class(word)
+        for lines in self._pending.values():
+            for _, wl in lines:
+                if word in wl["op_class"]:
+                    with contextlib.suppress(ValueError, TypeError, RecursionError):
+                        mods.append(load_object_json(wl["mod"]))
+        return mods
 
     def close(self) -> None:
         try:

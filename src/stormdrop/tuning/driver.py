@@ -28,24 +28,40 @@ from stormdrop.tuning.verify import verify_bests
 
 
 @contextlib.contextmanager
-def run_databases(db: Any, reuse_from: Sequence[str], target: Target | None = None,
-                  hub: bool | str = False) -> Iterator[tuple[Database, list[Database]]]:
-    """A run's database (``db``: a path, None for the per-user one, or an open ``Database``, which
-    is left open) and its donor databases (``reuse_from``, read only, then the schedule hub for
-    ``target``: ``hub`` as ``storage.hub.hub_path`` reads it), closed when the run ends."""
+def donor_databases(reuse_from: Sequence[str], target: Target | None = None,
+                    hub: bool | str = False) -> Iterator[list[Database]]:
+    """A run's donor databases (``reuse_from``, read only, then the schedule hub for ``target``:
+    ``hub`` as ``storage.hub.hub_path`` reads it), closed when the run ends."""
     donors: list[Database] = []
-    database = None
     try:
         donors = open_donors(reuse_from)
         if hub is not False and target is not None and (found := open_hub(target, hub)) is not None:
             donors.append(found)
-        database = Database(db or default_db_path()) if not isinstance(db, Database) else db
-        yield database, donors
+        yield donors
     finally:
-        if database is not None and database is not db:
-            database.close()
         for d in donors:
             d.close()
+
+
+@contextlib.contextmanager
+def run_database(db: Any) -> Iterator[Database]:
+    """A run's database: ``db``, a path, None for the per-user one, or an open ``Database``
+    (left open), closed when the run ends."""
+    database = Database(db or default_db_path()) if not isinstance(db, Database) else db
+    try:
+        yield database
+    finally:
+        if database is not db:
+            database.close()
+
+
+@contextlib.contextmanager
+def run_databases(db: Any, reuse_from: Sequence[str], target: Target | None = None,
+                  hub: bool | str = False) -> Iterator[tuple[Database, list[Database]]]:
+    """A run's database (``run_database``) and its donor databases (``donor_databases``), the
+    donors opened first."""
+    with donor_databases(reuse_from, target, hub) as donors, run_database(db) as database:
+        yield database, donors
 
 
 def measured(session: TaskSession) -> int:
