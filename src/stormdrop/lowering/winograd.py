@@ -150,18 +150,27 @@ def planned_key(call: relax.Call, mode: str) -> tuple | None:
     return tuple(_ints(call.args[0].ty.shape)), _ints(call.args[1].ty.shape)[3], m + 2
 
 
-def kernel_key(mod: Any) -> tuple | None:
-    """(input shape, output channels, alpha) of a Winograd kernel (a task's module), from its
-    arguments (its input first, then its transformed weights ``[alpha, alpha, CI, CO]``), or ``None``."""
+def _kernel_shapes(mod: Any) -> tuple[tuple, tuple, tuple] | None:
+    """(input, transformed weights ``[alpha, alpha, CI, CO]``, output) shapes of a Winograd kernel
+    (a task's module, from its arguments: the input first, the output last), or ``None``."""
     from stormdrop.workloads import kernel_args
 
-    shapes = [shape for _, shape, _ in kernel_args(mod)]
-    if len(shapes) < 2 or len(shapes[0]) != 4 or len(shapes[1]) != 4:
+    shapes = [tuple(shape) for _, shape, _ in kernel_args(mod)]
+    if len(shapes) < 3 or len(shapes[-1]) != 4:
         return None
-    alpha, alpha2, ci, co = shapes[1]
-    if alpha != alpha2 or alpha not in (4, 6) or ci != shapes[0][3]:
+    for shape in shapes[:-1]:
+        if len(shape) == 4 and shape[0] == shape[1] and shape[0] in (4, 6) and shape[3] == shapes[-1][3]:
+            return shapes[0], shape, shapes[-1]
+    return None
+
+
+def kernel_key(mod: Any) -> tuple | None:
+    """(input shape, output channels, alpha) of a Winograd kernel (a task's module), or ``None``."""
+    found = _kernel_shapes(mod)
+    if found is None:
         return None
-    return tuple(shapes[0]), co, alpha
+    data, (alpha, _, _, co), _ = found
+    return data, co, alpha
 
 
 def legalization(mode: str, fallback: Any) -> Any:
@@ -182,14 +191,8 @@ def legalization(mode: str, fallback: Any) -> Any:
 def direct_flops(mod: Any) -> int | None:
     """The FLOPs of the direct convolution a Winograd kernel computes (``None`` if ``mod`` is
     not one): GFLOPS of Winograd and direct kernels then count the same work."""
-    from stormdrop.workloads import kernel_args
-
-    args = kernel_args(mod)
-    out = args[-1][1]
-    if len(out) != 4:
+    found = _kernel_shapes(mod)
+    if found is None:
         return None
-    n, oh, ow, co = out
-    for _, shape, _ in args[:-1]:
-        if len(shape) == 4 and shape[0] == shape[1] and shape[0] in (4, 6) and shape[3] == co:
-            return 2 * n * oh * ow * co * shape[2] * 9
-    return None
+    _, (_, _, ci, co), (n, oh, ow, _) = found
+    return 2 * n * oh * ow * co * ci * 9

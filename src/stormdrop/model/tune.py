@@ -155,17 +155,21 @@ def budgeted_tasks(model: Model, target: Target, lowering: Lowering,
     first, (fused, tasks) = extracted
     trials, time_budget = budget
     budget_words = f"{trials} trials" if trials is not None else f"a {time_budget or 0:.0f}-s budget"
-    budgeted = first if first != lowering else lowering.for_budget(trials, len(tasks), time_budget)
+    direct = (f"{model.name}: {budget_words} for {len(tasks)} tasks: every convolution direct (Winograd kernels "
+              "need more trials)")
+    if first != lowering:  # extracted direct already (``first_lowering``)
+        log.info(direct)
+        return fused, tasks, first
+    budgeted = lowering.for_budget(trials, len(tasks), time_budget)
     winograd = [k for k, _ in tasks if "winograd" in k.name]
-    if budgeted == lowering or (first == lowering and not winograd):
+    if budgeted == lowering or not winograd:
         return fused, tasks, lowering
-    if first == lowering and reuse and all(tuned_in(k.mod, canonical(target), donor_dbs) for k in winograd):
+    if reuse and all(tuned_in(k.mod, canonical(target), donor_dbs) for k in winograd):
         log.info("%s: %s for %d tasks: Winograd kept, every Winograd kernel has tuned schedules "
                  "among the donors (the schedule hub)", model.name, budget_words, len(tasks))
         return fused, tasks, lowering
-    log.info("%s: %s for %d tasks: every convolution direct (Winograd kernels need more "
-             "trials)", model.name, budget_words, len(tasks))
-    return (fused, tasks, first) if first != lowering else (*extract_tasks(model, target, budgeted), budgeted)
+    log.info(direct)
+    return *extract_tasks(model, target, budgeted), budgeted
 
 
 def budgeted_extraction(model: Model, target: Target, lowering: Lowering, budget: tuple[int | None, float | None],
