@@ -39,11 +39,18 @@ from stormdrop.records import Phase
 from stormdrop.report.display import ModelDisplay, TaskLine, eta_s
 from stormdrop.report.history import faster_after, run_estimate
 from stormdrop.search.phases import check_samples
+from stormdrop.search.reuse import heirs
 from stormdrop.storage.database import candidate_key
 from stormdrop.storage.donors import tuned_in
 from stormdrop.storage.identity import block_names
 from stormdrop.target import canonical, parse_target
-from stormdrop.tuning.budget import Budget, first_batch_size, model_compiles, storm_share
+from stormdrop.tuning.budget import (
+    Budget,
+    first_batch_size,
+    lead_batch,
+    model_compiles,
+    storm_share,
+)
 from stormdrop.tuning.driver import donor_databases, drive, measured, run_database
 from stormdrop.tuning.task import TaskResult, TaskSession, TaskTuner
 from stormdrop.tuning.verify import records_after_verified
@@ -229,9 +236,11 @@ def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = 
                 database.note_model(model.name, note)  # a killed run's report knows its tasks too
                 first = first_batch_size(trials, len(tasks), search.storm.batch_size)
                 storm_trials = storm_share(trials, len(tasks), trials_per_task, first)
+                leads = [lead_batch(first, n, search.storm.batch_size, search.storm.lead_samples)
+                         for n in heirs([s.entry.op_class for s in sessions])]
                 tuners = [TaskTuner(s, trials=storm_trials, exploit_trials=trials_per_task - storm_trials, search=search,
-                                    first_batch=first, donor_dbs=donor_dbs)
-                          for s in sessions]
+                                    first_batch=first, lead_batch=lead, donor_dbs=donor_dbs)
+                          for s, lead in zip(sessions, leads)]
                 # the ledger: --trials counts what earlier runs measured on these tasks too, so that a
                 # killed and resumed run measures no more than an uninterrupted one
                 used = sum(s.spent() for s in sessions)

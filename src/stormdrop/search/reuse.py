@@ -108,6 +108,13 @@ def related(donor_class: str, op_class: str) -> int | None:
     return None
 
 
+def heirs(op_classes: Sequence[str]) -> list[int]:
+    """For each of a model's tasks (their ``op_classes``), how many of the others could take its
+    schedule as reuse's donor (``related`` from its class to theirs)."""
+    return [sum(related(c, other) is not None for j, other in enumerate(op_classes) if j != i)
+            for i, c in enumerate(op_classes)]
+
+
 def _renamed(trace: Trace, names: dict[str, str], dropped: Sequence[str] = ()) -> Trace:
     """``trace`` with its block lookups renamed (``names``: donor block -> this workload's) and
     the blocks in ``dropped`` left out: their lookups and every instruction that uses what those

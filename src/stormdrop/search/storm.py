@@ -88,6 +88,12 @@ class StormConfig:
     # pass on a flaw (a tile refitted to 1 loses the vector loop, the next sibling inherits it).
     # Not the default: no better on held out networks where it was measured (docs/guide.md "Reuse").
     transfer_vetting: float = 0.0
+    # A small budget's first rounds (a first batch smaller than batch_size) give each task a sample
+    # or two, and a task that starts with no donor hands its one schedule on to every later task
+    # of a related class (reuse): a lead with heirs measures up to this many storm samples first
+    # (the prior's picks; one per heir at most, no more than batch_size), so that its heirs start
+    # from the best of several, not from one draw (``tuning.budget.lead_batch``). 1: off.
+    lead_samples: int = 8
 
 
 class Storm:

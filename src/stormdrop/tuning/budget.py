@@ -1,10 +1,10 @@
 """How much a tuning run may spend, in one place: the trial and time ``Budget`` the driver stops
 on, the time a run still needs once its search stops (``finishing_s``, ``next_step_s``), how
 first rounds shrink so that every task is reached before the deadline (``first_round_limit``),
-and how a model's trial cap is shared among its tasks (``first_batch_size``, ``storm_share``)
-and its compiles counted (``model_compiles``); and the ``Ledger`` a run keeps of what it spent,
-which the driver tells after each step and asks before the next. Rules and accounts: nothing here
-measures, stores or sleeps."""
+and how a model's trial cap is shared among its tasks (``first_batch_size``, ``storm_share``,
+``lead_batch``) and its compiles counted (``model_compiles``); and the ``Ledger`` a run keeps of
+what it spent, which the driver tells after each step and asks before the next. Rules and
+accounts: nothing here measures, stores or sleeps."""
 
 from __future__ import annotations
 
@@ -126,6 +126,19 @@ def storm_share(trials: int | None, num_tasks: int, trials_per_task: int, first_
     if trials is None or num_tasks <= 0 or trials >= num_tasks * trials_per_task:
         return half
     return min(half, max(first_batch or 1, trials // (2 * num_tasks)))
+
+
+def lead_batch(first_batch: int | None, heirs: int, batch: int, samples: int) -> int | None:
+    """The first storm batch of a lead: a task that starts with no donor (reuse found none) while
+    ``heirs`` other tasks of related classes would take its schedule (``search.reuse.heirs``). Where
+    first batches are shrunk (``first_batch_size``: a sample or two a task), a lead's one draw would
+    be every heir's start: it measures ``samples`` (``StormConfig.lead_samples``) instead, one per
+    heir at most, no more than a full ``batch``. None where nothing changes (full first batches, no
+    heirs, ``samples`` no larger than the first batch)."""
+    if first_batch is None or heirs <= 0:
+        return None
+    n = min(batch, samples, first_batch * (1 + heirs))
+    return n if n > first_batch else None
 
 
 class Ledger:

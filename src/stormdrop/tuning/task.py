@@ -178,13 +178,18 @@ class TaskTuner:
     """
 
     def __init__(self, task: TaskSession, *, trials: int, exploit_trials: int, search: SearchOptions | None = None,
-                 first_batch: int | None = None, donor_dbs: Sequence[Database] = ()) -> None:
+                 first_batch: int | None = None, lead_batch: int | None = None,
+                 donor_dbs: Sequence[Database] = ()) -> None:
         search = search or SearchOptions()
         self.phases = search.phases  # which phases run (always in the order reuse, storm, raindrop)
         self.task = task
         self.trials = trials if Phase.STORM in self.phases else 0
         self.exploit_trials = exploit_trials if Phase.RAINDROP in self.phases else 0
         self.first_batch = first_batch  # size of the task's first storm batch (default: the storm's batch)
+        # the first storm batch instead where no donor gave the task a schedule (a lead: later tasks
+        # of related classes will take its schedule, ``budget.lead_batch``); ``leading`` once it is one
+        self.lead_batch = lead_batch if Phase.REUSE in self.phases and search.reuse > 0 else None
+        self.leading = False
         self.reuse_donors = search.reuse if Phase.REUSE in self.phases else 0  # at most this many same-class donors
         self.donor_dbs = tuple(donor_dbs)  # more databases to draw donors from (read only)
         # a raindrop without a storm starts from a transfer; where no donor gave one, this many
@@ -251,7 +256,8 @@ class TaskTuner:
 
     def _limit(self, limit: int | None) -> int | None:
         """A batch's cap: ``limit``, and the first storm batch's size when the storm measures first."""
-        first = self.first_batch if self.rounds == 0 and self.current is self.storm else None
+        first = (self.lead_batch if self.leading else self.first_batch) \
+            if self.rounds == 0 and self.current is self.storm else None
         caps = [c for c in (limit, first) if c]
         return min(caps) if caps else None
 
@@ -323,6 +329,11 @@ class TaskTuner:
         if Phase.STORM not in self.phases:
             return None
         if self.storm is None:
+            self.storm = self._start_storm()
+        if self.lead_batch and self.rounds == 0 and self.trials < self.lead_batch and not self.task.stored():
+            # reuse gave nothing and nothing is stored: a lead, whose first batch is a larger storm's
+            self.leading, self.trials = True, self.lead_batch
+            self.storm.close()
             self.storm = self._start_storm()
         return self.storm
 
