@@ -12,13 +12,14 @@ import os
 from dataclasses import replace
 
 import pytest
-from dbutil import SPEC, fill, matmul_mod, stormdrop_cli
+from dbutil import SPEC, fill, make_record, matmul_mod, stormdrop_cli
 from tvm.target import Target
 
 from stormdrop.cli.main import main
 from stormdrop.errors import DatabaseError
-from stormdrop.records import Phase
+from stormdrop.records import MeasureResult, Phase
 from stormdrop.search.options import SearchOptions
+from stormdrop.search.storm import StormConfig
 from stormdrop.storage import hub
 from stormdrop.storage.database import Database, canonical_target
 from stormdrop.storage.identity import same_workload
@@ -256,7 +257,7 @@ def test_the_cli_refuses_a_bad_hub_in_one_line_before_the_database_is_touched(tm
 def test_a_tune_starts_from_the_hubs_schedule_of_the_same_workload(tmp_path):
     """An exact hit: the hub's best schedule of this kernel is replayed and measured first (reuse),
     here; nothing of the hub is stored unmeasured, and the hub file is not written. A related
-    workload gets nothing from the hub."""
+    workload takes the hub's schedule as a transfer, unless ``StormConfig.hub_transfers`` is off."""
     first = tmp_path / "first.db"
     options = KernelOptions(trials=6, exploit_trials=0, seed=0, search=SearchOptions(hub=False))
     tune_kernel(SPEC, options, db=first)
@@ -279,10 +280,15 @@ def test_a_tune_starts_from_the_hubs_schedule_of_the_same_workload(tmp_path):
     assert hub_key in {r.candidate_key for r in recs if r.phase == Phase.REUSE}  # the same schedule, re-measured
     without = tune_kernel(SPEC, options, db=tmp_path / "none.db").tasks[0]
     assert without.trials["reuse"] == 0
-    # a related workload (another matmul shape) draws nothing from the hub: exact workloads only
+    # a related workload (another matmul shape): the hub's schedule transferred, measured here
     other = tune_kernel("matmul:M=48,N=80,K=64", replace(options, search=SearchOptions(hub=str(out))),
                         db=tmp_path / "other.db").tasks[0]
-    assert other.trials["reuse"] == 0
+    assert other.trials["reuse"] >= 1  # its one record transferred, and moved into the sketches
+    with Database(tmp_path / "other.db", read_only=True) as db:
+        assert not any(r.imported for r in db.records(db.workloads()[0].workload_id))
+    exact = SearchOptions(hub=str(out), storm=StormConfig(hub_transfers=False))  # exact workloads only
+    assert tune_kernel("matmul:M=48,N=80,K=64", replace(options, search=exact),
+                       db=tmp_path / "exact.db").tasks[0].trials["reuse"] == 0
     assert _digest(out) == before
 
 
@@ -305,3 +311,23 @@ def test_every_shipped_hub_is_read_for_its_class_and_its_workloads_decode(isa, t
         assert len(entries) == about.workloads and all(e.mod is not None for e in entries)
     finally:
         donor.close()
+
+
+def test_a_hub_decodes_only_the_workloads_of_the_classes_asked_for(tmp_path, mod, traces):
+    """``workloads(keep)``: the lines of the op classes it accepts are decoded (a run's reuse asks
+    for those related to a task's); the others stay undecoded until asked for."""
+    with Database(tmp_path / "two.db") as db:
+        fill(db, mod, traces)
+        small = matmul_mod(64)
+        wid = db.commit_workload(small, name="matmul_64", op_class="dense", flops=2 * 64**3).workload_id
+        db.commit_record(make_record(wid, small, traces[0], MeasureResult(run_secs=(1e-4, 1e-4))))
+        with db.transaction():
+            db._c().execute("UPDATE records SET target=?", (AVX512,))
+    with Database(tmp_path / "two.db", read_only=True) as db:
+        hub.write_hub(db, tmp_path / "two.jsonl.gz", "x86-avx512")
+    with hub.HubDatabase(tmp_path / "two.jsonl.gz", AVX512) as h:
+        assert [w.name for w in h.workloads(lambda c: c == "matmul")] == ["matmul_128"]
+        assert len(h._pending) == 1  # the dense line: not decoded
+        assert sorted(w.name for w in h.workloads()) == ["matmul_128", "matmul_64"]
+        assert not h._pending
+

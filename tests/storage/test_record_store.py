@@ -54,6 +54,8 @@ def test_every_record_source_reads_alike(source, stored, mod):
     entry = store.find_workload(mod)
     assert entry is not None and (entry.name, entry.op_class, entry.flops) == ("matmul_128", "matmul", 2 * 128**3)
     assert store.find_workload(matmul_mod(64)) is None  # another shape: not this workload
+    assert store.workloads(lambda op_class: op_class != "matmul") == []  # those of other classes only: none
+    assert [w.workload_id for w in store.workloads(lambda op_class: op_class == "matmul")] == [entry.workload_id]
     assert [w.workload_id for w in store.workloads()] == [entry.workload_id]
     valid = sorted((r for r in recs if r.ok), key=lambda r: (r.result.mean, r.record_id))
     # best: valid records only, fastest first, at most k

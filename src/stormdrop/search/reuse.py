@@ -274,7 +274,7 @@ def in_sketches(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModul
 
 
 def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int | None = None,
-           others: Sequence[Database] = (), per_donor: int = 1, order: str = "class"
+           others: Sequence[Database] = (), per_donor: int = 1, order: str = "class", exact_sources: bool = True
            ) -> list[tuple[WorkloadEntry, list[str]]]:
     """(workload, its ``per_donor`` best traces) of the other workloads of a related class (at most
     ``limit``). ``order="class"``: the same class first, then the same less elementwise epilogues,
@@ -285,13 +285,15 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int | Non
 
     ``others``: more databases to draw donors from (``--reuse-from``, read only); there the same
     workload counts too (tuned for another model, say), and comes first. A source whose
-    ``exact_only`` is true (the schedule hub) gives the same workload only.
+    ``exact_only`` is true (the schedule hub) gives the same workload only where ``exact_sources``
+    (else its related workloads too, like any other source: only those are decoded).
     """
     out = []
     for source in (db, *others):
-        exact_only = source.exact_only  # looked up, not listed: a hub decodes what is asked
+        exact_only = source.exact_only and exact_sources  # looked up, not listed: a hub decodes what is asked
         found = source.find_workload(entry.mod) if exact_only else None
-        candidates = ([found] if found is not None else []) if exact_only else source.workloads()
+        candidates = ([found] if found is not None else []) if exact_only else \
+            source.workloads(lambda c: related(c, entry.op_class) is not None)
         for other in candidates:
             rank = related(other.op_class, entry.op_class)
             if rank is None:
@@ -334,16 +336,18 @@ def shape_distance(a: tvm.IRModule, b: tvm.IRModule) -> float:
 def transfers(db: Database, entry: WorkloadEntry, target_key: str, postprocs: list, limit: int = 8,
               others: Sequence[Database] = (), per_donor: int = 1, order: str = "class",
               spaces: Sequence[Schedule] = (), enough: int = 0, sketch_donors: int = 0,
-              exact: set[str] | None = None) -> list[list[Candidate]]:
+              exact: set[str] | None = None, exact_sources: bool = True) -> list[list[Candidate]]:
     """Transferred schedules for ``entry`` from at most ``limit`` donors (``donors`` order), one
     list per donor: its ``per_donor`` best records transferred, distinct, best first, then its best
     record's decisions in each of ``spaces`` (``in_sketches``). A donor none of whose schedules
     transfers gives its place to the next one. ``enough`` > 0: no more donors once the groups hold
     that many (each transfer costs a replay and the postprocessors). ``sketch_donors`` > 0: only the
     first that many donors' decisions go into ``spaces``. ``exact``: given, it is told the keys of
-    the schedules that came from this very workload (another database's, the hub's)."""
+    the schedules that came from this very workload (another database's, the hub's);
+    ``exact_sources``: as ``donors`` takes it."""
     groups, seen = [], set()
-    for donor, traces in donors(db, entry, target_key, others=others, per_donor=per_donor, order=order):
+    for donor, traces in donors(db, entry, target_key, others=others, per_donor=per_donor, order=order,
+                                exact_sources=exact_sources):
         if len(groups) >= limit or (enough and sum(map(len, groups)) >= enough):
             break
         group = []

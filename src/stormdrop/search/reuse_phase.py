@@ -55,7 +55,8 @@ class Reuse:
         groups = transfers(self.db, self.entry, self.target_key, sketches.postprocs,
                            limit=budget * pool, others=self.donors, per_donor=2 if pool > 1 else 1,
                            order=cfg.donor_order, spaces=sketches.spaces() if in_sketches else (),
-                           enough=budget if in_sketches and pool == 1 else 0, sketch_donors=cfg.sketch_donors, exact=exact)
+                           enough=budget if in_sketches and pool == 1 else 0, sketch_donors=cfg.sketch_donors, exact=exact,
+                           exact_sources=not cfg.hub_transfers)
         if not groups:
             return None
         rank = partial(self.model.predict, learn=False) if pool > 1 else None

@@ -15,7 +15,7 @@ import math
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -216,10 +216,11 @@ class Database(Claims):
             self._mods[wid] = mod
             return WorkloadEntry(wid, name, op_class, int(flops), shash, mod)
 
-    def workloads(self) -> list[WorkloadEntry]:
-        """All workloads, in insertion order."""
+    def workloads(self, keep: Callable[[str], bool] | None = None) -> list[WorkloadEntry]:
+        """All workloads, in insertion order; ``keep``: only those whose op class it accepts (the
+        others' modules are not loaded)."""
         rows = self._query(f"SELECT {WORKLOAD_COLS} FROM workloads ORDER BY workload_id")
-        return [self._entry(r) for r in rows]
+        return [self._entry(r) for r in rows if keep is None or (isinstance(r[2], str) and keep(r[2]))]
 
     def modules_of_class(self, word: str) -> list[tvm.IRModule]:
         """The modules of the workloads whose op class (the names of their blocks) contains ``word``."""

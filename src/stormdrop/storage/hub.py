@@ -31,7 +31,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -172,10 +172,9 @@ class HubDatabase(Database):
     ``target_key`` and marked imported. A workload whose module or trace fails its check when
     decoded is left out, with a warning (a damaged line costs its donor, not the run).
 
-    ``exact_only``: reuse draws from a hub only the workloads it holds exactly (the same kernel of a
-    network it was built from), not related ones: schedules transferred from the hub's shapes to
-    other shapes were measured to start small-budget searches worse than the model's own donors
-    on some networks (benchmarks/RESULTS.md, "Schedule hub")."""
+    ``exact_only``: reuse looks a task's very workload up in a hub rather than listing the hub's
+    workloads; it draws the related ones as well (transfers from the hub's shapes) where
+    ``StormConfig.hub_transfers`` says so, and then decodes those alone (``workloads(keep)``)."""
 
     exact_only = True
 
@@ -241,9 +240,15 @@ class HubDatabase(Database):
             self._decode_pending(ms.utils.shash2hex(as_module(mod)))
         return super().find_workload(mod)
 
-    def workloads(self) -> list[WorkloadEntry]:
-        self._decode_pending()
-        return super().workloads()
+    def workloads(self, keep: Callable[[str], bool] | None = None) -> list[WorkloadEntry]:
+        """As ``Database.workloads``: the lines of the op classes ``keep`` accepts decoded first
+        (every line without it), the others left for later."""
+        if keep is None:
+            self._decode_pending()
+        else:
+            for shash in [k for k, lines in self._pending.items() if any(keep(wl["op_class"]) for _, wl in lines)]:
+                self._decode_pending(shash)
+        return super().workloads(keep)
 
     def modules_of_class(self, word: str) -> list[tvm.IRModule]:
         """As ``Database.modules_of_class``, the lines not yet decoded read for their module alone (a

@@ -6,7 +6,8 @@ against every implementation: a writable database, its read-only view and the hu
 
 Contracts of the read side, on one target key:
 - ``find_workload(mod)``: the stored workload structurally equal to ``mod`` with the same block
-  names, or None; ``workloads()`` every workload (a hub decodes them all for it).
+  names, or None; ``workloads(keep)`` every workload, or those whose op class ``keep`` accepts
+  (a hub decodes those for it).
 - ``best(workload_id, target, k)``: at most ``k`` valid records (no failure), fastest first.
 - ``lookup(workload_id, target, key)``: the record of that candidate, or None.
 - ``records(workload_id, target)``: the records in the order they were stored; ``targets``: the
@@ -21,6 +22,7 @@ model run's note; nothing else in stormdrop writes a database.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Protocol, runtime_checkable
 
@@ -38,7 +40,7 @@ class RecordSource(Protocol):
 
     def find_workload(self, mod: tvm.IRModule) -> WorkloadEntry | None: ...
 
-    def workloads(self) -> list[WorkloadEntry]: ...
+    def workloads(self, keep: Callable[[str], bool] | None = None) -> list[WorkloadEntry]: ...
 
     def best(self, workload_id: int, target: str, k: int = 1, checked: bool = False) -> list[Record]: ...
 
