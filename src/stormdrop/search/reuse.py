@@ -30,6 +30,7 @@ measures and the storm starts from what was measured.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -89,6 +90,7 @@ def class_blocks(op_class: str) -> tuple[Counter, str]:
     return Counter(block_kind(b) for b in blocks.split("+")), dtype
 
 
+@functools.lru_cache(maxsize=1 << 16)  # asked for every pair of a model's tasks and a hub's workloads
 def related(donor_class: str, op_class: str) -> int | None:
     """How near a donor's class is to this one (None: unrelated). 0: the same blocks; 1: the donor's
     blocks are this class's less some elementwise epilogues (inlined before its trace is replayed);

@@ -93,9 +93,9 @@ class StormConfig:
     # of a related class (reuse): a lead with heirs measures up to this many storm samples first
     # (the prior's picks; one per heir at most, no more than batch_size), so that its heirs start
     # from the best of several, not from one draw (``tuning.budget.lead_batch``). 1: off, the default:
-    # 8 against 1 on six networks at 128 trials (RESULTS "Small inputs and budgets, 2026-12-05 15:59")
-    # was faster on two, slower on two, level on two: where heirs only transfer, the lead's best of
-    # several on its own shape transfers no better than its one draw.
+    # 8 against 1 on six networks at 128 trials was faster on two, slower on two, level on two: where
+    # heirs only transfer, the lead's best of several on its own shape transfers no better than its
+    # one draw (benchmarks/RESULTS.md, "A lead's several samples").
     lead_samples: int = 1
     # Reuse draws from the schedule hub its workloads related to the task's (transfers from the
     # hub's shapes, nearest first, with the run's own donors), not only the task's very workload.

@@ -12,8 +12,8 @@ Contracts of the read side, on one target key:
 - ``lookup(workload_id, target, key)``: the record of that candidate, or None.
 - ``records(workload_id, target)``: the records in the order they were stored; ``targets``: the
   targets a workload has records on; ``count``: how many records (failures too).
-- ``exact_only``: True where the source serves only the very workloads it holds (reuse then
-  looks them up, it does not list them).
+- ``exact_only``: True where reuse looks the source up for a task's very workload rather than
+  listing it (the hub: its related workloads are listed only with ``StormConfig.hub_transfers``).
 
 The write side commits workloads and records (each its own transaction, a duplicate candidate
 returns the stored record), re-measures, claims candidates for concurrent tuners, and keeps a
