@@ -309,9 +309,11 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int | Non
     if order not in ("class", "shape"):
         raise ValueError(f"donor order {order!r}: 'class' or 'shape'")
 
+    mine = _arg_shapes(entry.mod)  # once, not once a donor
+
     def key(d):
         elsewhere, rank = d[2]  # not this very workload (tuned in another database), the relation
-        near = (shape_distance(d[0].mod, entry.mod), abs(math.log(max(d[0].flops, 1)) - math.log(max(entry.flops, 1))))
+        near = (_distance(_arg_shapes(d[0].mod), mine), abs(math.log(max(d[0].flops, 1)) - math.log(max(entry.flops, 1))))
         return (elsewhere, rank, *near) if order == "class" else (elsewhere, near[0], rank, near[1])
 
     out.sort(key=key)
@@ -322,15 +324,26 @@ def shape_distance(a: tvm.IRModule, b: tvm.IRModule) -> float:
     """How far apart two kernels' shapes are: the summed |log| ratios of their parameters' dims,
     inputs in order and the outputs (a fused residual operand more in one of them left out; inf
     when the compared parameters differ in rank)."""
-    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+    return _distance(_arg_shapes(a), _arg_shapes(b))
+
+
+def _arg_shapes(mod: tvm.IRModule) -> list[tuple[int, ...]] | None:
+    """The shapes of a kernel's parameters, in order (``kernel_args``); None where one is symbolic."""
+    from stormdrop.workloads import kernel_args
 
     try:
-        sa, sb = ([[int(d) for d in info.shape] for info in ArgInfo.from_prim_func(m["main"])] for m in (a, b))
-    except Exception:  # noqa: BLE001 - symbolic shapes
+        return [shape for _, shape, _ in kernel_args(mod)]
+    except (TypeError, ValueError):  # a symbolic dimension
+        return None
+
+
+def _distance(sa: list[tuple[int, ...]] | None, sb: list[tuple[int, ...]] | None) -> float:
+    """``shape_distance`` of two kernels' parameter shapes (``_arg_shapes``)."""
+    if not sa or not sb:
         return math.inf
     n = min(len(sa), len(sb))
     pairs = list(zip(sa[:n - 1], sb[:n - 1])) + [(sa[-1], sb[-1])]
-    if not n or any(len(x) != len(y) for x, y in pairs):
+    if any(len(x) != len(y) for x, y in pairs):
         return math.inf
     return sum(abs(math.log(max(x, 1)) - math.log(max(y, 1))) for xs, ys in pairs for x, y in zip(xs, ys))
 

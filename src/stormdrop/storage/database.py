@@ -218,9 +218,9 @@ class Database(Claims):
 
     def workloads(self, keep: Callable[[str], bool] | None = None) -> list[WorkloadEntry]:
         """All workloads, in insertion order; ``keep``: only those whose op class it accepts (the
-        others' modules are not loaded)."""
+        others' modules are not loaded; a malformed row is refused as without it)."""
         rows = self._query(f"SELECT {WORKLOAD_COLS} FROM workloads ORDER BY workload_id")
-        return [self._entry(r) for r in rows if keep is None or (isinstance(r[2], str) and keep(r[2]))]
+        return [self._entry(r) for r in rows if keep is None or not isinstance(r[2], str) or keep(r[2])]
 
     def modules_of_class(self, word: str) -> list[tvm.IRModule]:
         """The modules of the workloads whose op class (the names of their blocks) contains ``word``."""

@@ -186,11 +186,11 @@ class TaskTuner:
         self.trials = trials if Phase.STORM in self.phases else 0
         self.exploit_trials = exploit_trials if Phase.RAINDROP in self.phases else 0
         self.first_batch = first_batch  # size of the task's first storm batch (default: the storm's batch)
+        self.reuse_donors = search.reuse if Phase.REUSE in self.phases else 0  # at most this many same-class donors
         # the first storm batch instead where no donor gave the task a schedule (a lead: later tasks
         # of related classes will take its schedule, ``budget.lead_batch``); ``leading`` once it is one
-        self.lead_batch = lead_batch if Phase.REUSE in self.phases and search.reuse > 0 else None
+        self.lead_batch = lead_batch if self.reuse_donors > 0 else None
         self.leading = False
-        self.reuse_donors = search.reuse if Phase.REUSE in self.phases else 0  # at most this many same-class donors
         self.donor_dbs = tuple(donor_dbs)  # more databases to draw donors from (read only)
         # a raindrop without a storm starts from a transfer; where no donor gave one, this many
         # storm samples (the prior's pick of a random pool, where there is a prior) stand in
