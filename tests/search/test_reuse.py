@@ -276,6 +276,31 @@ def test_exact_class_donors_come_before_related_ones(tmp_path):
     assert by_shape == [near.workload_id, far.workload_id]  # order="shape": the nearest shapes first
 
 
+def test_donors_best_records_are_read_only_as_far_as_a_reuse_goes(tmp_path, monkeypatch):
+    from stormdrop.model.tune import op_class
+    from stormdrop.search.reuse import donors, ranked_donors
+    from stormdrop.target import canonical
+    from stormdrop.workloads import Kernel
+
+    def kernel(c, h):
+        mod = _conv_epilogue(c, h, False)
+        return Kernel(f"conv{c}x{h}", "", op_class(mod), mod, 1000 * c * h)
+
+    key = canonical(host_target())
+    with Database(tmp_path / "d.db") as db:
+        stored = [_stored_best(db, kernel(c, h), kernel(c, h).op_class) for c, h in ((8, 10), (16, 10), (24, 10))]
+        t = kernel(24, 12)
+        entry = db.commit_workload(t.mod, name=t.name, op_class=t.op_class, flops=t.flops)
+        every = donors(db, entry, key)
+        asked = []
+        best = db.best
+        monkeypatch.setattr(db, "best", lambda wid, *a, **k: asked.append(wid) or best(wid, *a, **k))
+        first = next(ranked_donors(db, entry, key))
+    assert [w.workload_id for w, _ in every] == [s.workload_id for s in reversed(stored)]  # nearest first
+    assert first[0].workload_id == every[0][0].workload_id and first[1] == every[0][1]
+    assert asked == [every[0][0].workload_id]  # the nearest donor's records, no other's
+
+
 @pytest.mark.slow
 def test_a_resumed_run_is_not_charged_twice_for_its_transfers(tmp_path, donor_db):
     """The ledger: a run's transfers come back from the database when it is re-run with a larger

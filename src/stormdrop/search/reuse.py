@@ -31,11 +31,12 @@ measures and the storm starts from what was measured.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import tvm
 import tvm_ffi
@@ -290,11 +291,22 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int | Non
     ``exact_only`` is true (the schedule hub) gives the same workload only where ``exact_sources``
     (else its related workloads too, like any other source: only those are decoded).
     """
-    out = []
+    return list(itertools.islice(ranked_donors(db, entry, target_key, others, per_donor, order, exact_sources),
+                                 limit))
+
+
+def ranked_donors(db: Database, entry: WorkloadEntry, target_key: str, others: Sequence[Database] = (),
+                  per_donor: int = 1, order: str = "class", exact_sources: bool = True
+                  ) -> Iterator[tuple[WorkloadEntry, list[str]]]:
+    """``donors`` one at a time, in their order: a workload's best records are looked up when it is
+    reached (a reuse that stops after a few donors reads no more)."""
+    if order not in ("class", "shape"):
+        raise ValueError(f"donor order {order!r}: 'class' or 'shape'")
+    found = []
     for source in (db, *others):
         exact_only = source.exact_only and exact_sources  # looked up, not listed: a hub decodes what is asked
-        found = source.find_workload(entry.mod) if exact_only else None
-        candidates = ([found] if found is not None else []) if exact_only else \
+        hit = source.find_workload(entry.mod) if exact_only else None
+        candidates = ([hit] if hit is not None else []) if exact_only else \
             source.workloads(lambda c: related(c, entry.op_class) is not None)
         for other in candidates:
             rank = related(other.op_class, entry.op_class)
@@ -303,21 +315,32 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, limit: int | Non
             same = other.shash == entry.shash and tvm_ffi.structural_equal(other.mod, entry.mod)
             if (same and source is db) or (not same and exact_only):
                 continue
-            best = source.best(other.workload_id, target_key, k=per_donor)
-            if best:
-                out.append((other, [r.trace_json for r in best], (not same, rank)))
-    if order not in ("class", "shape"):
-        raise ValueError(f"donor order {order!r}: 'class' or 'shape'")
+            found.append((source, other, (not same, rank)))
 
     mine = _arg_shapes(entry.mod)  # once, not once a donor
 
     def key(d):
-        elsewhere, rank = d[2]  # not this very workload (tuned in another database), the relation
-        near = (_distance(_arg_shapes(d[0].mod), mine), abs(math.log(max(d[0].flops, 1)) - math.log(max(entry.flops, 1))))
+        other, (elsewhere, rank) = d[1], d[2]  # not this very workload (tuned in another database), the relation
+        near = (_distance(_entry_shapes(other), mine), abs(math.log(max(other.flops, 1)) - math.log(max(entry.flops, 1))))
         return (elsewhere, rank, *near) if order == "class" else (elsewhere, near[0], rank, near[1])
 
-    out.sort(key=key)
-    return [(w, t) for w, t, _ in out[:limit]]
+    found.sort(key=key)
+    for source, other, _ in found:
+        best = source.best(other.workload_id, target_key, k=per_donor)
+        if best:
+            yield other, [r.trace_json for r in best]
+
+
+_SHAPES: dict[str, list[tuple[int, ...]] | None] = {}  # structural hash -> parameter shapes
+
+
+def _entry_shapes(entry: WorkloadEntry) -> list[tuple[int, ...]] | None:
+    """``_arg_shapes`` of a stored workload, read once a run: every task of its class asks for it."""
+    if entry.shash not in _SHAPES:
+        if len(_SHAPES) >= 1 << 14:
+            _SHAPES.clear()
+        _SHAPES[entry.shash] = _arg_shapes(entry.mod)
+    return _SHAPES[entry.shash]
 
 
 def shape_distance(a: tvm.IRModule, b: tvm.IRModule) -> float:
@@ -361,8 +384,7 @@ def transfers(db: Database, entry: WorkloadEntry, target_key: str, postprocs: li
     the schedules that came from this very workload (another database's, the hub's);
     ``exact_sources``: as ``donors`` takes it."""
     groups, seen = [], set()
-    for donor, traces in donors(db, entry, target_key, others=others, per_donor=per_donor, order=order,
-                                exact_sources=exact_sources):
+    for donor, traces in ranked_donors(db, entry, target_key, others, per_donor, order, exact_sources):
         if len(groups) >= limit or (enough and sum(map(len, groups)) >= enough):
             break
         group = []

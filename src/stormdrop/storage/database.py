@@ -195,9 +195,10 @@ class Database(Claims):
         return None
 
     def commit_workload(
-        self, mod: tvm.IRModule, *, name: str, op_class: str, flops: int
+        self, mod: tvm.IRModule, *, name: str, op_class: str, flops: int, mod_json: str | None = None
     ) -> WorkloadEntry:
-        """Store ``mod`` (idempotent: a structurally equal module returns the stored entry)."""
+        """Store ``mod`` (idempotent: a structurally equal module returns the stored entry).
+        ``mod_json``: the JSON ``mod`` was just decoded from, stored as it is (not written again)."""
         mod = as_module(mod)
         with self.transaction():
             found = self.find_workload(mod)
@@ -208,7 +209,7 @@ class Database(Claims):
                 cur = self._c().execute(
                     "INSERT INTO workloads (name, op_class, flops, shash, mod_json)"
                     " VALUES (?, ?, ?, ?, ?)",
-                    (name, op_class, int(flops), shash, tvm.ir.save_json(mod)),
+                    (name, op_class, int(flops), shash, mod_json or tvm.ir.save_json(mod)),
                 )
             except sqlite3.Error as e:
                 raise DatabaseError(f"database {self.path}: {one_line(e)}") from None

@@ -220,8 +220,8 @@ class HubDatabase(Database):
                         one_line(e))
             return
         with self.transaction():
-            wid = super().commit_workload(mod, name=wl["name"], op_class=wl["op_class"],
-                                          flops=int(wl["flops"])).workload_id
+            wid = super().commit_workload(mod, name=wl["name"], op_class=wl["op_class"], flops=int(wl["flops"]),
+                                          mod_json=wl["mod"]).workload_id
             for rec in records:
                 self.commit_record(Record(
                     workload_id=wid, target=self._target_key, candidate_key=candidate_key(rec["trace"]),

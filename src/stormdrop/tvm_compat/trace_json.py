@@ -35,8 +35,10 @@ from collections.abc import Container
 from typing import Any
 
 import tvm
+from tvm.ir import json_compact
 from tvm.s_tir import Schedule, Trace
 from tvm.tirx import FloatImm, IntImm
+from tvm_ffi.serialization import from_json_graph_str
 
 
 def to_py(obj: Any) -> Any:
@@ -167,12 +169,40 @@ def _reference_fields(type_key: str) -> tuple[bool, dict[str, bool]] | None:
 
 def load_object_json(text: str) -> Any:
     """``tvm.ir.load_json(text)``, refusing first (``ValueError``, ``check_object_graph``) what
-    would crash TVM rather than raise."""
-    check_object_graph(text)
+    would crash TVM rather than raise.
+
+    Workaround: TVM 0.27's ``load_json`` first runs ``json_compact.upgrade_json`` on every graph,
+    which parses the whole text in Python and writes it out again indented, even when nothing in
+    it is of an older schema: eight times the decoding's own time on a kernel's module (a hub's
+    workloads are decoded by the hundred). A graph with none of the node types or fields that
+    upgrade rewrites (``_needs_upgrade``) goes to the decoder as it is."""
+    graph = _checked_graph(text)
     try:
-        return tvm.ir.load_json(text)
+        if _needs_upgrade(graph):
+            return tvm.ir.load_json(text)
+        return from_json_graph_str(text)
     except Exception as e:  # noqa: BLE001 - TVM raises assorted errors (a required field missing, a wrong type)
         raise ValueError(str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__) from None
+
+
+# node types json_compact.upgrade_json renames (with its Var fields): what an older schema wrote
+_LEGACY_TYPES = frozenset(getattr(json_compact, "_PRIM_TYPE_KEY_RENAMES", {})) | {"relax.expr.Var", "tirx.Var"}
+_VAR_TYPES = ("ir.Var", "relax.expr.DataflowVar")
+
+
+def _needs_upgrade(graph: dict) -> bool:
+    """Whether ``json_compact.upgrade_json`` would change ``graph`` (a checked object graph): a
+    node of a type it renames, a variable named by ``name_hint``, no metadata; always where this
+    TVM's upgrade has no rename table to read (another version: its upgrade decides)."""
+    if not hasattr(json_compact, "_PRIM_TYPE_KEY_RENAMES") or "metadata" not in graph:
+        return True
+    for node in graph["nodes"]:
+        kind = node.get("type")
+        if kind in _LEGACY_TYPES:
+            return True
+        if kind in _VAR_TYPES and isinstance(node.get("data"), dict) and "name_hint" in node["data"]:
+            return True
+    return False
 
 
 def check_object_graph(text: str) -> int:
@@ -181,6 +211,17 @@ def check_object_graph(text: str) -> int:
     node (a cycle), a chain deeper than ``MAX_GRAPH_DEPTH`` or deeply nested JSON kills the
     process with a stack overflow. A graph as TVM writes it lists every node after the nodes it
     refers to."""
+    return _graph_depth(_parsed_graph(text))
+
+
+def _checked_graph(text: str) -> dict:
+    """The object graph of ``text``, parsed, once ``check_object_graph`` passes it."""
+    graph = _parsed_graph(text)
+    _graph_depth(graph)
+    return graph
+
+
+def _parsed_graph(text: str) -> dict:
     try:
         graph = json.loads(text)
     except (ValueError, RecursionError) as e:
@@ -190,6 +231,12 @@ def check_object_graph(text: str) -> int:
     nodes, root = graph["nodes"], graph.get("root_index")
     if not (isinstance(root, int) and 0 <= root < len(nodes)):
         raise ValueError(f"root_index {root!r} names no node")
+    return graph
+
+
+def _graph_depth(graph: dict) -> int:
+    """``check_object_graph`` of a parsed graph (``_parsed_graph``)."""
+    nodes = graph["nodes"]
     known: dict[str, Any] = {}
     depth = [0] * len(nodes)
 
