@@ -142,7 +142,7 @@ def test_a_kernels_class_follows_its_blocks_layout_and_dtype_not_its_shapes():
     """Model tasks exchange schedules only within a class: the fused blocks (layout and epilogue
     included) and the dtype; shapes do not count, and donors come nearest shapes first."""
     from stormdrop.model.tune import op_class
-    from stormdrop.search.reuse import shape_distance
+    from stormdrop.search.donors import shape_distance
 
     def conv(c, h, layout="NCHW"):
         return parse_kernel(f"conv2d:N=1,C={c},H={h},W={h},K={c},R=3,S=3,stride=1,pad=1,layout={layout}").mod
@@ -218,7 +218,7 @@ def test_a_donor_with_fewer_other_or_more_epilogues_transfers_and_computes_right
     ReLU6 (three; the donor's extra inner ones left out of its trace); each transferred kernel computes
     the right answer."""
     from stormdrop.model.tune import op_class
-    from stormdrop.search.reuse import related
+    from stormdrop.search.donors import related
 
     donor = _conv_epilogue(16, 14, residual=False, act=donor_act)
     target = _conv_epilogue(24, 10, residual=residual, act=target_act)
@@ -239,7 +239,7 @@ def test_which_classes_are_related():
     """Only kernels of one main operator and dtype exchange schedules; a donor with more epilogues
     than the task ranks last; numbers in block names do not count."""
     from stormdrop.model.tune import op_class
-    from stormdrop.search.reuse import related
+    from stormdrop.search.donors import related
 
     donor, target = _conv_epilogue(16, 14, residual=False), _conv_epilogue(24, 10, residual=True)
     assert related(op_class(target), op_class(donor)) == 3  # more epilogue blocks in the donor: last
@@ -257,7 +257,7 @@ def test_which_classes_are_related():
 
 def test_exact_class_donors_come_before_related_ones(tmp_path):
     from stormdrop.model.tune import op_class
-    from stormdrop.search.reuse import donors
+    from stormdrop.search.donors import donors
     from stormdrop.target import canonical
     from stormdrop.workloads import Kernel
 
@@ -278,7 +278,7 @@ def test_exact_class_donors_come_before_related_ones(tmp_path):
 
 def test_donors_best_records_are_read_only_as_far_as_a_reuse_goes(tmp_path, monkeypatch):
     from stormdrop.model.tune import op_class
-    from stormdrop.search.reuse import donors, ranked_donors
+    from stormdrop.search.donors import donors
     from stormdrop.target import canonical
     from stormdrop.workloads import Kernel
 
@@ -291,11 +291,11 @@ def test_donors_best_records_are_read_only_as_far_as_a_reuse_goes(tmp_path, monk
         stored = [_stored_best(db, kernel(c, h), kernel(c, h).op_class) for c, h in ((8, 10), (16, 10), (24, 10))]
         t = kernel(24, 12)
         entry = db.commit_workload(t.mod, name=t.name, op_class=t.op_class, flops=t.flops)
-        every = donors(db, entry, key)
+        every = list(donors(db, entry, key))
         asked = []
         best = db.best
         monkeypatch.setattr(db, "best", lambda wid, *a, **k: asked.append(wid) or best(wid, *a, **k))
-        first = next(ranked_donors(db, entry, key))
+        first = next(donors(db, entry, key))
     assert [w.workload_id for w, _ in every] == [s.workload_id for s in reversed(stored)]  # nearest first
     assert first[0].workload_id == every[0][0].workload_id and first[1] == every[0][1]
     assert asked == [every[0][0].workload_id]  # the nearest donor's records, no other's

@@ -1,14 +1,14 @@
 """Leads: under a small budget's one-sample first rounds, a task that starts with no donor while
 later tasks of related classes will take its schedule measures several storm samples first
-(``budget.lead_batch``, ``reuse.heirs``, ``TaskTuner``'s ``lead_batch``)."""
+(``budget.lead_batch``, ``donors.heirs``, ``TaskTuner``'s ``lead_batch``)."""
 
 from __future__ import annotations
 
 import pytest
 
 from stormdrop.measure.replay import ReplayMeasurer, synthetic
+from stormdrop.search.donors import heirs
 from stormdrop.search.options import SearchOptions
-from stormdrop.search.reuse import heirs
 from stormdrop.storage.database import Database
 from stormdrop.target import host_target
 from stormdrop.tuning.budget import Budget, lead_batch

@@ -38,8 +38,8 @@ from stormdrop.model.run import (
 from stormdrop.records import Phase
 from stormdrop.report.display import ModelDisplay, TaskLine, eta_s
 from stormdrop.report.history import faster_after, run_estimate
+from stormdrop.search.donors import heirs
 from stormdrop.search.phases import check_samples
-from stormdrop.search.reuse import heirs
 from stormdrop.storage.database import candidate_key
 from stormdrop.storage.donors import tuned_in
 from stormdrop.storage.identity import block_names

@@ -69,7 +69,7 @@ class StormConfig:
     # from sibling tasks tuned as briefly are otherwise a task's only schedules. Not the default: no
     # better on held out networks where it was measured, and slower to tune (docs/guide.md "Reuse").
     prior_picks: int = 0
-    # Which donors reuse tries first (reuse.donors): "class" (the nearest relation of the fused
+    # Which donors reuse tries first (search.donors): "class" (the nearest relation of the fused
     # operators, then shapes) or "shape" (the nearest shapes, then the relation: no better where
     # it was measured, RESULTS.md).
     donor_order: str = "class"

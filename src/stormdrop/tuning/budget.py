@@ -130,7 +130,7 @@ def storm_share(trials: int | None, num_tasks: int, trials_per_task: int, first_
 
 def lead_batch(first_batch: int | None, heirs: int, batch: int, samples: int) -> int | None:
     """The first storm batch of a lead: a task that starts with no donor (reuse found none) while
-    ``heirs`` other tasks of related classes would take its schedule (``search.reuse.heirs``). Where
+    ``heirs`` other tasks of related classes would take its schedule (``search.donors.heirs``). Where
     first batches are shrunk (``first_batch_size``: a sample or two a task), a lead's one draw would
     be every heir's start: it measures ``samples`` (``StormConfig.lead_samples``) instead, one per
     heir at most, no more than a full ``batch``. None where nothing changes (full first batches, no

@@ -1,0 +1,155 @@
+"""Which donors a task's reuse draws from, and in what order (``search.reuse`` transfers their schedules).
+
+A donor is another workload with a related class (``related``): the same blocks, the same less
+some elementwise epilogues, the same main blocks with other epilogues, or with more of them.
+``donors`` lists the run's database and the donor sources (``--reuse-from``, the schedule
+hub) by that relation, then by the nearest parameter shapes (``shape_distance``) and FLOPs, and
+reads a donor's best records only when it is reached. ``heirs`` counts, for each task of a model,
+the others that could take its schedule. It measures, stores and transfers nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections import Counter
+from collections.abc import Iterator, Sequence
+
+import tvm
+import tvm_ffi
+
+from stormdrop.storage.database import Database, WorkloadEntry
+
+# TOPI's elementwise blocks (add, multiply, ReLU as compute, a fast sigmoid as T_fast_exp + sigmoid, ...)
+_EPILOGUE = re.compile(r"^(T_[a-z_]+|compute|sigmoid|tanh|erf)$")
+
+
+def block_kind(name: str) -> str:
+    """A block's name without its counters and variable numbers: ``T_add1`` -> ``T_add``."""
+    return re.sub(r"\d+", "", name)
+
+
+def is_epilogue(name: str) -> bool:
+    """Whether a block (by name, counters and all) is one of TOPI's elementwise ops."""
+    return bool(_EPILOGUE.match(block_kind(name)))
+
+
+def class_blocks(op_class: str) -> tuple[Counter, str]:
+    """An ``op_class`` (``model.tune.op_class``) as (block kinds counted, dtype)."""
+    blocks, _, dtype = op_class.rpartition(":")
+    return Counter(block_kind(b) for b in blocks.split("+")), dtype
+
+
+@functools.lru_cache(maxsize=1 << 16)  # asked for every pair of a model's tasks and a hub's workloads
+def related(donor_class: str, op_class: str) -> int | None:
+    """How near a donor's class is to this one (None: unrelated). 0: the same blocks; 1: the donor's
+    blocks are this class's less some elementwise epilogues (inlined before its trace is replayed);
+    2: the same main blocks, the donor's epilogues other elementwise ops, no more of them than here
+    (conv + bias + SiLU for conv + bias + ReLU6: paired from the output back); 3: the same main
+    blocks, more epilogues in the donor (its extra inner ones left out of its trace)."""
+    (a, da), (b, db) = class_blocks(donor_class), class_blocks(op_class)
+    if da != db:
+        return None
+    if a == b:
+        return 0
+    if not (a - b) and all(_EPILOGUE.match(k) for k in b - a):
+        return 1
+    main_a, main_b = (Counter({k: n for k, n in c.items() if not _EPILOGUE.match(k)}) for c in (a, b))
+    if main_a and main_a == main_b:
+        return 2 if a.total() - main_a.total() <= b.total() - main_b.total() else 3
+    return None
+
+
+def heirs(op_classes: Sequence[str]) -> list[int]:
+    """For each of a model's tasks (their ``op_classes``), how many of the others could take its
+    schedule as reuse's donor (``related`` from its class to theirs)."""
+    return [sum(related(c, other) is not None for j, other in enumerate(op_classes) if j != i)
+            for i, c in enumerate(op_classes)]
+
+
+def donors(db: Database, entry: WorkloadEntry, target_key: str, others: Sequence[Database] = (),
+           per_donor: int = 1, order: str = "class", exact_sources: bool = True
+           ) -> Iterator[tuple[WorkloadEntry, list[str]]]:
+    """(workload, its ``per_donor`` best traces) of the other workloads of a related class, one at a
+    time: a workload's best records are looked up when it is reached (a reuse that stops after a few
+    donors reads no more). ``order="class"``: the same class first, then the same less elementwise
+    epilogues, then the same main operator with other epilogues, then with more of them (``related``);
+    within each, nearest shapes first (``shape_distance``, then FLOPs). ``order="shape"``: nearest shapes
+    first whatever the epilogues (a 1x1 expansion convolution + ReLU6 takes an expansion + SiLU's
+    schedule before a projection + bias's), the relation breaking ties.
+
+    ``others``: more databases to draw donors from (``--reuse-from``, read only); there the same
+    workload counts too (tuned for another model, say), and comes first. A source whose
+    ``exact_only`` is true (the schedule hub) gives the same workload only where ``exact_sources``
+    (else its related workloads too, like any other source: only those are decoded).
+    """
+    if order not in ("class", "shape"):
+        raise ValueError(f"donor order {order!r}: 'class' or 'shape'")
+    found = []
+    for source in (db, *others):
+        exact_only = source.exact_only and exact_sources  # looked up, not listed: a hub decodes what is asked
+        hit = source.find_workload(entry.mod) if exact_only else None
+        candidates = ([hit] if hit is not None else []) if exact_only else \
+            source.workloads(lambda c: related(c, entry.op_class) is not None)
+        for other in candidates:
+            rank = related(other.op_class, entry.op_class)
+            if rank is None:
+                continue
+            same = other.shash == entry.shash and tvm_ffi.structural_equal(other.mod, entry.mod)
+            if (same and source is db) or (not same and exact_only):
+                continue
+            found.append((source, other, (not same, rank)))
+
+    mine = _arg_shapes(entry.mod)  # once, not once a donor
+
+    def key(d):
+        other, (elsewhere, rank) = d[1], d[2]  # not this very workload (tuned in another database), the relation
+        near = (_distance(_entry_shapes(other), mine), abs(math.log(max(other.flops, 1)) - math.log(max(entry.flops, 1))))
+        return (elsewhere, rank, *near) if order == "class" else (elsewhere, near[0], rank, near[1])
+
+    found.sort(key=key)
+    for source, other, _ in found:
+        best = source.best(other.workload_id, target_key, k=per_donor)
+        if best:
+            yield other, [r.trace_json for r in best]
+
+
+_SHAPES: dict[str, list[tuple[int, ...]] | None] = {}  # structural hash -> parameter shapes
+
+
+def _entry_shapes(entry: WorkloadEntry) -> list[tuple[int, ...]] | None:
+    """``_arg_shapes`` of a stored workload, read once a run: every task of its class asks for it."""
+    if entry.shash not in _SHAPES:
+        if len(_SHAPES) >= 1 << 14:
+            _SHAPES.clear()
+        _SHAPES[entry.shash] = _arg_shapes(entry.mod)
+    return _SHAPES[entry.shash]
+
+
+def shape_distance(a: tvm.IRModule, b: tvm.IRModule) -> float:
+    """How far apart two kernels' shapes are: the summed |log| ratios of their parameters' dims,
+    inputs in order and the outputs (a fused residual operand more in one of them left out; inf
+    when the compared parameters differ in rank)."""
+    return _distance(_arg_shapes(a), _arg_shapes(b))
+
+
+def _arg_shapes(mod: tvm.IRModule) -> list[tuple[int, ...]] | None:
+    """The shapes of a kernel's parameters, in order (``kernel_args``); None where one is symbolic."""
+    from stormdrop.workloads import kernel_args
+
+    try:
+        return [shape for _, shape, _ in kernel_args(mod)]
+    except (TypeError, ValueError):  # a symbolic dimension
+        return None
+
+
+def _distance(sa: list[tuple[int, ...]] | None, sb: list[tuple[int, ...]] | None) -> float:
+    """``shape_distance`` of two kernels' parameter shapes (``_arg_shapes``)."""
+    if not sa or not sb:
+        return math.inf
+    n = min(len(sa), len(sb))
+    pairs = list(zip(sa[:n - 1], sb[:n - 1])) + [(sa[-1], sb[-1])]
+    if any(len(x) != len(y) for x, y in pairs):
+        return math.inf
+    return sum(abs(math.log(max(x, 1)) - math.log(max(y, 1))) for xs, ys in pairs for x, y in zip(xs, ys))
