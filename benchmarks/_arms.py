@@ -49,6 +49,13 @@ def storm_fields(spec: str) -> dict:
     return fields(spec, StormConfig(), "--storm-ab")
 
 
+def measure_fields(spec: str) -> dict:
+    """``FIELD=VALUE[,FIELD=VALUE]`` as MeasureConfig fields (``fields``)."""
+    from stormdrop import MeasureConfig
+
+    return fields(spec, MeasureConfig(), "--measure-ab")
+
+
 # Lowering switches of bench_models.py: field -> (its A/B arm's key, the flag's help). Each is a flag
 # --FIELD on|off|ab, its default the library's; ab tunes once more with the field flipped.
 LOWERING_SWITCHES = {
@@ -88,6 +95,7 @@ def lowering_arms(args, lowering) -> list[tuple[str, dict]]:
 
 
 _STORM = "storm "  # a --storm-ab arm's result key: this and its FIELD=VALUE spec
+_MEASURE = "measure "  # a --measure-ab arm's
 
 
 def storm_arm(spec: str) -> str:
@@ -95,16 +103,22 @@ def storm_arm(spec: str) -> str:
     return _STORM + spec
 
 
-def storm_specs(r: dict) -> dict[str, str]:
-    """The ``--storm-ab`` arms a result holds: key -> spec."""
-    return {k: k[len(_STORM):] for k in r if k.startswith(_STORM)}
+def measure_arm(spec: str) -> str:
+    """The result key of a ``--measure-ab`` arm."""
+    return _MEASURE + spec
+
+
+def storm_specs(r: dict, prefix: str = _STORM) -> dict[str, str]:
+    """The ``--storm-ab`` arms a result holds (``--measure-ab``'s with ``_MEASURE``): key -> spec."""
+    return {k: k[len(prefix):] for k in r if k.startswith(prefix)}
 
 
 def arm_words(r: dict) -> dict:
-    """``_ARMS`` and the ``--storm-ab`` arms ``r`` holds."""
-    storm = {k: (f"tuned with {s} (--storm-ab", "with the defaults", f"{s} / defaults", False, s)
-             for k, s in storm_specs(r).items()}
-    return {**_ARMS, **storm}
+    """``_ARMS`` and the ``--storm-ab`` and ``--measure-ab`` arms ``r`` holds."""
+    specs = {k: (s, flag) for prefix, flag in ((_STORM, "--storm-ab"), (_MEASURE, "--measure-ab"))
+             for k, s in storm_specs(r, prefix).items()}
+    return {**_ARMS, **{k: (f"tuned with {s} ({flag}", "with the defaults", f"{s} / defaults", False, s)
+                        for k, (s, flag) in specs.items()}}
 
 
 def columns(raw: list[dict]) -> list[tuple[str, str]]:

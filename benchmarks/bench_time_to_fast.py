@@ -13,7 +13,8 @@ every task's best so far, scaled to the measured model), against the ONNX Runtim
 measured. ``--other-hub FILE``: the second arm tunes with that hub file (the hub before a rebuild)
 instead of none, so a grown hub is measured against the one it replaces in the same run.
 ``--in-order-ab``: the second arm tunes with the hub too, every task's first round in the model's
-order (``ModelOptions.warm_up="in order"``) instead of heaviest first.
+order (``ModelOptions.warm_up="in order"``) instead of heaviest first. ``--measure-ab FIELD=VALUE``: the
+second arm tunes with the hub too, with those ``MeasureConfig`` fields changed.
 
     PYTHONPATH=src python benchmarks/bench_time_to_fast.py --cases resnet50,resnet18@56 --budgets 60,120,300 \\
         --held-out resnet34 --json benchmarks/results_time_to_fast.json
@@ -63,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the second arm tunes with this hub file (e.g. the hub before a rebuild) instead of none")
     p.add_argument("--in-order-ab", action="store_true",
                    help="the second arm tunes with the hub, every task's first round in the model's order")
+    p.add_argument("--measure-ab", default=None, metavar="FIELD=VALUE[,FIELD=VALUE]",
+                   help="the second arm: the hub on too, these MeasureConfig fields changed (e.g. slow_build_factor=1e9)")
     p.add_argument("--held-out", default="", help="the networks named held out before the run (NAME or NAME@RES)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
@@ -72,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="print each case's exact hub tasks per budget (what a row's column says) and exit: no tuning")
     args = p.parse_args(argv)
 
+    import _arms
     import bench_models
     from _peers import checkpoint, machine, pinned_host, publish, table
 
@@ -79,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_time_to_fast: --other-hub: no such file: {args.other_hub}", file=sys.stderr)
         return 2
     arm, words = ("other_hub", "other hub") if args.other_hub else \
-        ("in_order", "in order") if args.in_order_ab else ("no_hub", "no hub")
+        ("in_order", "in order") if args.in_order_ab else \
+        (_arms.measure_arm(args.measure_ab), args.measure_ab) if args.measure_ab else ("no_hub", "no hub")
+    hub_only = bool(args.other_hub or args.in_order_ab or args.measure_ab)  # both arms with the hub
     header = [h.replace("no hub", words) for h in HEADER]
     target, key = pinned_host()
     held = {h.strip() for h in args.held_out.split(",") if h.strip()}
@@ -112,8 +118,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{case}, {budget:.0f} s]", flush=True)
             margs = bench_models.parse_args(["--models", name, "--time-budget", str(budget), "--skip-ms",
                                              "--rounds", str(args.rounds), "--seed", str(args.seed),
-                                             "--hub", "on" if args.other_hub or args.in_order_ab else args.hub]
+                                             "--hub", "on" if hub_only else args.hub]
                                             + (["--in-order-ab"] if args.in_order_ab else [])
+                                            + (["--measure-ab", args.measure_ab] if args.measure_ab else [])
                                             + (["--resolution", str(res)] if res else [])
                                             + (["--other-hub", args.other_hub] if args.other_hub else []))
             r = bench_models.bench_one(name, margs, target)
@@ -135,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
              f"- each row: `tune --model M --time-budget S` with the schedule hub ({bench_models._hub_name(target)}) "
              + (f"and with the hub file {os.path.basename(args.other_hub)}" if args.other_hub else
                 "and with it, every task's first round in the model's order (--in-order-ab; 'hub': heaviest "
-                "first)" if args.in_order_ab else "and without it")
+                "first)" if args.in_order_ab else f"and with it, {args.measure_ab} (--measure-ab)" if args.measure_ab
+                else "and without it")
              + ", fresh databases, defaults otherwise; latencies in ms: median of "
              f"{args.rounds} rounds in which the peers take turns; ratios > 1: stormdrop faster; 'faster than ORT "
              "after': the tune's own reading (every task's best so far, scaled to the measured model, against the "

@@ -94,7 +94,7 @@ def test_a_reference_library_the_runner_cannot_load_is_compiled_by_the_runner_in
     with Gateway(host_target(), MeasureConfig(repeat=2, min_repeat_ms=1)) as gw:
         gw.prepare(KEY, kernel.mod)
         gw.prepare("product", _product())
-        monkeypatch.setattr(gw, "_on_builders", lambda jobs, request, done: [
+        monkeypatch.setattr(gw, "_on_builders", lambda jobs, request, done, limit: [
             done(job, "ok", "/nonexistent/reference.so", gw._builders[0]) for job in range(jobs)])
         gw.make_references()
         monkeypatch.undo()

@@ -51,6 +51,10 @@ class MeasureCosts:
         warm-up's only while no others are known ((0, 0) before anything)."""
         return _mean(self.builds, self.first_builds), _mean(self.runs, self.first_runs)
 
+    def mean_build_s(self, known: int) -> float | None:
+        """The mean of the builds past their builders' warm-up, once at least ``known`` are known."""
+        return self.builds.seconds / self.builds.count if self.builds.count >= max(1, known) else None
+
     def compile_s(self, kernels: int) -> float:
         """Seconds ``tvm.build`` takes for ``kernels`` kernels, from the builds' codegen."""
         return kernels * _mean(self.codegen, self.first_codegen)

@@ -41,6 +41,8 @@ from stormdrop.target import canonical, physical_cores
 
 log = logging.getLogger("stormdrop")
 
+SLOW_BUILD_AFTER = 4  # warm builds known before a build is cut short at a multiple of their mean
+
 
 @dataclass(frozen=True)
 class MeasureConfig:
@@ -54,7 +56,15 @@ class MeasureConfig:
     ``warmup_ms``: each candidate first runs back to back for this long, untimed, so that its
     samples are taken with the cores busy, as inside a model that runs its kernels back to back,
     not from idle (0: off, the default: in RESULTS' A/B the candidates it cost outweighed the
-    steadier timing, "Warm-up runs")."""
+    steadier timing, "Warm-up runs").
+
+    ``build_timeout_s``: no build runs longer. A warm builder's candidate build is given up sooner,
+    after ``slow_build_factor`` times this gateway's mean build, at least ``slow_build_floor_s``,
+    once ``SLOW_BUILD_AFTER`` builds are known (``build_limit_s``): LLVM's backend takes a hundred
+    times a typical build on some nests (a reduction unrolled over wide vectors of an odd width,
+    which the same workload at other tiles builds in a tenth of a second), and a batch waits for
+    its slowest build before anything is timed. Such a candidate is a ``BUILD_TIMEOUT``; a model
+    compiled from it would pay that build too."""
 
     number: int = 1
     repeat: int = 5
@@ -62,6 +72,8 @@ class MeasureConfig:
     cache_flush: bool | None = None
     warmup_ms: float = 0.0
     build_timeout_s: float = 60.0
+    slow_build_factor: float = 10.0
+    slow_build_floor_s: float = 5.0
     run_timeout_s: float = 30.0
     check_correctness: bool = True
     builders: int = 0  # 0: one per physical core
@@ -75,6 +87,13 @@ class MeasureConfig:
         an RPC device the time a lost session is tried again (``rpc.retry_s``) more, so that a
         restarted tracker or server costs a wait, not a stored timeout."""
         return self.run_timeout_s + (self.rpc.retry_s + 30.0 if self.rpc else 0.0)
+
+    def build_limit_s(self, mean_build_s: float | None) -> float:
+        """How long a candidate's build on a warm builder may take, given the mean of the builds
+        known so far (None: too few known: ``build_timeout_s``)."""
+        if mean_build_s is None:
+            return self.build_timeout_s
+        return min(self.build_timeout_s, max(self.slow_build_floor_s, self.slow_build_factor * mean_build_s))
 
     def for_models(self, target: Target) -> MeasureConfig:
         """This config for a model's tasks: caches flushed on a CPU unless said otherwise. Timed warm,
@@ -132,7 +151,7 @@ class Gateway:
                 if status == "ok":
                     libs[todo[job]] = value
 
-            self._on_builders(len(todo), request, done)
+            self._on_builders(len(todo), request, done, lambda worker: self.config.build_timeout_s)
         for key in todo:
             lib = libs.get(key)
             try:
@@ -241,38 +260,44 @@ class Gateway:
             if on_failure is not None:
                 on_failure(job, out[job])
 
-        self._on_builders(len(mods), request, done)
+        def limit(worker: Worker) -> float:  # a builder's first build also imports TVM: never cut short
+            mean = self.costs.mean_build_s(SLOW_BUILD_AFTER)
+            return self.config.build_limit_s(mean if worker.jobs else None)
+
+        self._on_builders(len(mods), request, done, limit)
         return out
 
     def _on_builders(self, jobs: int, request: Callable[[int], tuple[str, tuple]],
-                     done: Callable[[int, str, Any, Worker], None]) -> None:
+                     done: Callable[[int, str, Any, Worker], None], limit: Callable[[Worker], float]) -> None:
         """Jobs ``0 .. jobs - 1`` side by side on the builders: each free builder is sent the next
         job's ``request(job)`` (a command and its payload), and ``done(job, status, value, worker)``
-        hears each answer as it comes (status "timeout", the builder killed, past the build timeout)."""
+        hears each answer as it comes (status "timeout": the builder killed, its job past
+        ``limit(worker)`` seconds, as the job was sent)."""
         pending = list(range(jobs))
-        busy: dict[int, tuple[Worker, int]] = {}  # id(conn) -> (worker, job)
+        busy: dict[int, tuple[Worker, int, float]] = {}  # id(conn) -> (worker, job, its limit)
         idle = list(self._builders)
-        timeout = self.config.build_timeout_s
         while pending or busy:
             stop.check()  # a stop asked for while TVM ran Python code may have been swallowed there
             while pending and idle:
                 job = pending.pop(0)
                 worker = idle.pop()
+                worker.ensure()  # (a builder killed before starts again here: its next job is its first)
+                seconds = limit(worker)
                 worker.send(*request(job))
-                busy[id(worker.conn)] = (worker, job)
-            ready = wait([w.conn for w, _ in busy.values()], timeout=0.5)
+                busy[id(worker.conn)] = (worker, job, seconds)
+            ready = wait([w.conn for w, _, _ in busy.values()], timeout=0.5)
             now = time.monotonic()
             for conn in ready:
-                worker, job = busy.pop(id(conn))
+                worker, job, _ = busy.pop(id(conn))
                 status, value = worker.receive()
                 idle.append(worker)
                 done(job, status, value, worker)
-            for cid, (worker, job) in list(busy.items()):
-                if now - worker.started_at > timeout:
+            for cid, (worker, job, seconds) in list(busy.items()):
+                if now - worker.started_at > seconds:
                     worker.kill()
                     busy.pop(cid)
                     idle.append(worker)
-                    done(job, "timeout", f"build exceeded {timeout:.0f} s", worker)
+                    done(job, "timeout", f"build exceeded {seconds:.3g} s", worker)
 
     def _run_payload(self, key: str, built: dict) -> tuple:
         cfg = self.config
