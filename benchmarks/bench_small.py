@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the cases named held out before the run (NAME, NAME@RES, or an .onnx file's stem)")
     p.add_argument("--hub", default="on", choices=["on", "off", "ab"],
                    help="the schedule hub: on (the default), off, or both arms timed in turns (ab)")
+    p.add_argument("--other-hub", default=None, metavar="HUB.jsonl.gz",
+                   help="also tune with this hub file instead of the shipped one (e.g. the hub before a rebuild), "
+                        "timed in turns with the peers")
     p.add_argument("--prior-ab", default=None, metavar="PRIOR.npz",
                    help="also tune with this cost-model prior file instead of the shipped one (bench_models.py)")
     p.add_argument("--prior-ab-alone", type=int, default=None, metavar="N",
@@ -52,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="benchmarks/RESULTS.md")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    if args.other_hub and not os.path.isfile(args.other_hub):
+        print(f"bench_small: --other-hub: no such file: {args.other_hub}", file=sys.stderr)
+        return 2
 
     import bench_models
     from _arms import columns
@@ -74,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                                              "--skip-ms", "--rounds", str(args.rounds), "--seed", str(args.seed),
                                              "--hub", args.hub]
                                             + (["--resolution", str(res)] if res else [])
+                                            + (["--other-hub", args.other_hub] if args.other_hub else [])
                                             + (["--prior-ab", args.prior_ab] if args.prior_ab else [])
                                             + (["--prior-ab-alone", str(args.prior_ab_alone)]
                                                if args.prior_ab_alone is not None else [])
@@ -106,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
              f"- machine: {machine()}; target: `{canonical(target)}`", f"- command: `{' '.join(sys.argv)}`",
              f"- stormdrop as `tune --model M --trials N` (per-task cap 128, defaults otherwise; schedule hub {args.hub}: "
              f"{bench_models._hub_name(target)}"
+             + (f"; 'other hub': tuned with the hub file {os.path.basename(args.other_hub)} instead"
+                if args.other_hub else "")
              + (f"; 'other prior': tuned with the cost-model prior {args.prior_ab}"
                 + (f" ranking alone until {args.prior_ab_alone} own measurements" if args.prior_ab_alone is not None
                    else "") if args.prior_ab else "")
