@@ -108,15 +108,16 @@ def measure_arm(spec: str) -> str:
     return _MEASURE + spec
 
 
-def storm_specs(r: dict, prefix: str = _STORM) -> dict[str, str]:
-    """The ``--storm-ab`` arms a result holds (``--measure-ab``'s with ``_MEASURE``): key -> spec."""
+def arm_specs(r: dict, prefix: str) -> dict[str, str]:
+    """The arms of one kind a result holds (``prefix``: ``_STORM`` for ``--storm-ab``'s, ``_MEASURE`` for
+    ``--measure-ab``'s): key -> FIELD=VALUE spec."""
     return {k: k[len(prefix):] for k in r if k.startswith(prefix)}
 
 
 def arm_words(r: dict) -> dict:
     """``_ARMS`` and the ``--storm-ab`` and ``--measure-ab`` arms ``r`` holds."""
     specs = {k: (s, flag) for prefix, flag in ((_STORM, "--storm-ab"), (_MEASURE, "--measure-ab"))
-             for k, s in storm_specs(r, prefix).items()}
+             for k, s in arm_specs(r, prefix).items()}
     return {**_ARMS, **{k: (f"tuned with {s} ({flag}", "with the defaults", f"{s} / defaults", False, s)
                         for k, (s, flag) in specs.items()}}
 
