@@ -42,6 +42,17 @@ def fields(spec: str, defaults, flag: str) -> dict:
     return out
 
 
+def existing_file(path: str) -> str:
+    """An argparse ``type`` for a file that must exist (``--other-hub``): a missing one ends the script
+    with one error line before anything is tuned."""
+    import argparse
+    import os
+
+    if not os.path.isfile(path):
+        raise argparse.ArgumentTypeError(f"no such file: {path}")
+    return path
+
+
 def storm_fields(spec: str) -> dict:
     """``FIELD=VALUE[,FIELD=VALUE]`` as StormConfig fields (``fields``)."""
     from stormdrop import StormConfig

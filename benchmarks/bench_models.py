@@ -71,7 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hub", default="on", choices=["on", "off", "ab"],
                    help="stormdrop draws reuse donors from the shipped schedule hub of the target's ISA class (on, "
                         "the library's default), not (off), or tunes both ways, timed in turns with the peers (ab)")
-    p.add_argument("--other-hub", default=None, metavar="HUB.jsonl.gz",
+    p.add_argument("--other-hub", default=None, metavar="HUB.jsonl.gz", type=_arms.existing_file,
                    help="also tune with this schedule hub file instead of the shipped one (e.g. the hub before a "
                         "rebuild), timed in turns with the peers")
     p.add_argument("--prior-ab", default=None, metavar="PRIOR.npz",

@@ -35,13 +35,15 @@ def parse_cases(text: str) -> list[tuple[str, int | None, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import _arms
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", default="smallcnn:128,smallres:128/256,smallmb:128/256,resnet18@56:200")
     p.add_argument("--held-out", default="smallres,smallmb,mobilenet_v2@96",
                    help="the cases named held out before the run (NAME, NAME@RES, or an .onnx file's stem)")
     p.add_argument("--hub", default="on", choices=["on", "off", "ab"],
                    help="the schedule hub: on (the default), off, or both arms timed in turns (ab)")
-    p.add_argument("--other-hub", default=None, metavar="HUB.jsonl.gz",
+    p.add_argument("--other-hub", default=None, metavar="HUB.jsonl.gz", type=_arms.existing_file,
                    help="also tune with this hub file instead of the shipped one (e.g. the hub before a rebuild), "
                         "timed in turns with the peers")
     p.add_argument("--prior-ab", default=None, metavar="PRIOR.npz",
@@ -55,9 +57,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="benchmarks/RESULTS.md")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    if args.other_hub and not os.path.isfile(args.other_hub):
-        print(f"bench_small: --other-hub: no such file: {args.other_hub}", file=sys.stderr)
-        return 2
 
     import bench_models
     from _arms import columns

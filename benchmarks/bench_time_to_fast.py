@@ -55,12 +55,14 @@ def hub_tasks(name: str, resolution: int | None, target, budget: float, hub_file
 
 
 def main(argv: list[str] | None = None) -> int:
+    import _arms
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", default="resnet50,resnet18@56", help="networks: NAME[@RESOLUTION] or .onnx paths")
     p.add_argument("--budgets", default="60,120,300,900", help="time budgets in seconds, each its own run")
     p.add_argument("--hub", default="ab", choices=["ab", "on"],
                    help="both arms (ab), or with the hub only (on: a network it holds nothing of)")
-    p.add_argument("--other-hub", default=None, metavar="HUB.jsonl.gz",
+    p.add_argument("--other-hub", default=None, metavar="HUB.jsonl.gz", type=_arms.existing_file,
                    help="the second arm tunes with this hub file (e.g. the hub before a rebuild) instead of none")
     p.add_argument("--in-order-ab", action="store_true",
                    help="the second arm tunes with the hub, every task's first round in the model's order")
@@ -75,13 +77,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="print each case's exact hub tasks per budget (what a row's column says) and exit: no tuning")
     args = p.parse_args(argv)
 
-    import _arms
     import bench_models
     from _peers import checkpoint, machine, pinned_host, publish, table
 
-    if args.other_hub and not os.path.isfile(args.other_hub):
-        print(f"bench_time_to_fast: --other-hub: no such file: {args.other_hub}", file=sys.stderr)
-        return 2
     arm, words = ("other_hub", "other hub") if args.other_hub else \
         ("in_order", "in order") if args.in_order_ab else \
         (_arms.measure_arm(args.measure_ab), args.measure_ab) if args.measure_ab else ("no_hub", "no hub")
