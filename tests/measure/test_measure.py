@@ -325,8 +325,8 @@ def test_the_reference_compiled_at_o1_computes_what_o3_does(fixture):
     import tvm
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
-    from stormdrop.measure._worker import reference_target
     from stormdrop.measure.outputs import mismatches
+    from stormdrop.measure.reference import reference_target
     from stormdrop.model.tune import extract_tasks
     from stormdrop.target import host_target
     from stormdrop.workloads.models import load_model

@@ -16,6 +16,7 @@ import time
 import traceback
 from typing import Any
 
+from stormdrop.measure.reference import reference_module, reference_target
 from stormdrop.measure.tracker import RpcConfig, connect_tracker, free_devices, knock, renewal_due
 
 
@@ -66,26 +67,15 @@ def serve(conn: Any, role: str, target_json: str, rpc: RpcConfig | None) -> None
             conn.send(("error", msg[-3000:] or traceback.format_exc()[-3000:]))
 
 
-def reference_target(target: Any) -> Any:
-    """The target a workload's untuned reference is compiled for: on a CPU, LLVM at -O1 instead of
-    -O3. A reference runs once, so LLVM's own compile (done at its first call) is most of its cost
-    (a model's references are made before its first candidate runs), and without fast-math the
-    optimisation level does not change its outputs (``tests/measure/test_measure.py``)."""
-    import tvm
-
-    if target.kind.name != "llvm":
-        return target
-    return tvm.target.Target({**dict(target.export()), "opt-level": 1})
-
-
 def _build_reference(target: Any, mod_json: str, out_path: str) -> str:
-    """A CPU workload's untuned build (``reference_target``) as a library at ``out_path``, which
-    the runner loads and runs (``_RunnerState.reference``): builders compile references side by side."""
+    """A CPU workload's untuned build (``reference.reference_module`` for ``reference_target``) as a
+    library at ``out_path``, which the runner loads and runs (``_RunnerState.reference``): builders
+    compile references side by side."""
     import tvm
 
     from stormdrop.tvm_compat.cross import fcompile
 
-    tvm.build(tvm.ir.load_json(mod_json), target=reference_target(target)).export_library(
+    tvm.build(reference_module(tvm.ir.load_json(mod_json), target), target=reference_target(target)).export_library(
         out_path, fcompile=fcompile(target))
     return out_path
 
@@ -289,6 +279,8 @@ class _RunnerState:
             from stormdrop.tvm_compat.relax_passes import gpu_default_schedule
 
             mod = gpu_default_schedule(mod, self.target)
+        else:
+            mod = reference_module(mod, self.target)
         rt_mod = tvm.build(mod, target=reference_target(self.target))
         if self.session is None:
             return rt_mod

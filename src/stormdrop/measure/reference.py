@@ -1,0 +1,82 @@
+"""A workload's reference build: the untuned loop nest every candidate's outputs are checked
+against (``_worker``: builders compile it, the runner runs it once per workload).
+
+On a CPU it is compiled at LLVM -O1 (``reference_target``) and its outermost data-parallel loops
+run across the cores (``reference_module``): a model's set-up runs every task's reference before
+its first candidate, and an untuned nest runs on one core at a few GFLOPS at best (the 3x3
+convolutions of a VGG at 224 take seconds each). Each output element is computed by the same
+statements in the same order as the serial nest (only which thread computes it changes), so the
+reference's values are the serial nest's, and a loop TVM cannot prove data-parallel stays serial.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+CHUNKS_PER_CORE = 8  # leading loops are fused until they give this many parallel chunks a core
+
+
+def reference_target(target: Any) -> Any:
+    """The target a workload's untuned reference is compiled for: on a CPU, LLVM at -O1 instead of
+    -O3. A reference runs once, so LLVM's own compile (done at its first call) is most of its cost
+    (a model's references are made before its first candidate runs), and without fast-math the
+    optimisation level does not change its outputs (``tests/measure/test_measure.py``)."""
+    import tvm
+
+    if target.kind.name != "llvm":
+        return target
+    return tvm.target.Target({**dict(target.export()), "opt-level": 1})
+
+
+def reference_module(mod: Any, target: Any) -> Any:
+    """``mod`` as its reference is built for ``target``: on a CPU with several cores, each
+    top-level block's leading data-parallel loops fused (until ``CHUNKS_PER_CORE`` chunks a core)
+    and run in parallel; ``mod`` itself elsewhere, or where nothing could be parallelized."""
+    cores = int(target.attrs.get("num-cores", 1)) if target.kind.name == "llvm" else 1
+    if cores < 2:
+        return mod
+    import tvm
+
+    try:
+        sch = tvm.s_tir.Schedule(mod)
+        blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
+    except Exception:  # noqa: BLE001 - no root block (an extern, say): built as it is
+        return mod
+    changed = False
+    for block in blocks:
+        loops = _leading_parallel_loops(sch, block, cores * CHUNKS_PER_CORE)
+        if not loops:
+            continue
+        try:
+            sch.parallel(sch.fuse(*loops) if len(loops) > 1 else loops[0])
+            changed = True
+        except Exception:  # noqa: BLE001 - TVM finds the loop not data-parallel: it stays serial
+            continue
+    return sch.mod if changed else mod
+
+
+def _leading_parallel_loops(sch: Any, block: Any, chunks: int) -> list:
+    """The outermost loops of ``block`` that each bind one data-parallel block variable, as few as
+    give ``chunks`` iterations (all of them when fewer do)."""
+    import tvm
+    from tvm import tirx
+
+    loops = sch.get_loops(block)
+    if not loops:
+        return []
+    realize = sch.get(loops[-1]).body
+    if not isinstance(realize, tvm.s_tir.SBlockRealize):
+        return []
+    spatial = [v for iv, v in zip(realize.block.iter_vars, realize.iter_values)
+               if iv.iter_type == tirx.IterVar.DataPar and isinstance(v, tirx.Var)]
+    out, product = [], 1
+    for rv in loops:
+        loop = sch.get(rv)
+        if not any(v.same_as(loop.loop_var) for v in spatial) or loop.kind != tirx.ForKind.SERIAL \
+                or not isinstance(loop.extent, tirx.IntImm):
+            break
+        out.append(rv)
+        product *= int(loop.extent.value)
+        if product >= chunks:
+            break
+    return out if product > 1 else []
