@@ -59,7 +59,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import bench_models
-    from _arms import columns
     from _peers import checkpoint, machine, publish, table
     from bench_kernels import pin_threads
     from small_networks import NETWORKS, write
@@ -102,11 +101,11 @@ def main(argv: list[str] | None = None) -> int:
                          ms_(r.get("openvino_s")), ms_(lat) if lat else sd.get("status", "-"),
                          f"{sd.get('tuning_s', 0):.0f}", ratio(r["onnxruntime_s"]), ratio(r.get("openvino_s")),
                          "yes" if r["held_out"] else "no"]
-                        + [cell for key, _ in columns(raw) if key in r
+                        + [cell for key, _ in _arms.columns(raw) if key in r
                            for cell in (ms_(r[key].get("latency_s")), ratio(r["onnxruntime_s"], r[key].get("latency_s")),
                                         ratio(r.get("openvino_s"), r[key].get("latency_s")))])
             checkpoint(rows[-1], args.json, canonical(target), "cases", raw)
-    header = HEADER + [h for key, name in columns(raw)
+    header = HEADER + [h for key, name in _arms.columns(raw)
                        for h in (f"{name} ms", f"ORT / {name}", f"OV / {name}")]
     lines = ["", f"## Small inputs and budgets, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
              f"- machine: {machine()}; target: `{canonical(target)}`", f"- command: `{' '.join(sys.argv)}`",

@@ -16,7 +16,7 @@ import time
 import traceback
 from typing import Any
 
-from stormdrop.measure.reference import reference_module, reference_target
+from stormdrop.measure.reference import build_reference
 from stormdrop.measure.tracker import RpcConfig, connect_tracker, free_devices, knock, renewal_due
 
 
@@ -68,15 +68,13 @@ def serve(conn: Any, role: str, target_json: str, rpc: RpcConfig | None) -> None
 
 
 def _build_reference(target: Any, mod_json: str, out_path: str) -> str:
-    """A CPU workload's untuned build (``reference.reference_module`` for ``reference_target``) as a
-    library at ``out_path``, which the runner loads and runs (``_RunnerState.reference``): builders
-    compile references side by side."""
+    """A CPU workload's untuned build (``reference.build_reference``) as a library at ``out_path``,
+    which the runner loads and runs (``_RunnerState.reference``): builders compile references side by side."""
     import tvm
 
     from stormdrop.tvm_compat.cross import fcompile
 
-    tvm.build(reference_module(tvm.ir.load_json(mod_json), target), target=reference_target(target)).export_library(
-        out_path, fcompile=fcompile(target))
+    build_reference(tvm.ir.load_json(mod_json), target).export_library(out_path, fcompile=fcompile(target))
     return out_path
 
 
@@ -272,16 +270,9 @@ class _RunnerState:
         return [[len(arrays)], self.outputs[key]]
 
     def _built_reference(self, key: str, mod: Any) -> Any:
-        """``mod``'s untuned build, compiled here, loaded where the candidates run."""
-        import tvm
-
-        if self.target.kind.name == "cuda":
-            from stormdrop.tvm_compat.relax_passes import gpu_default_schedule
-
-            mod = gpu_default_schedule(mod, self.target)
-        else:
-            mod = reference_module(mod, self.target)
-        rt_mod = tvm.build(mod, target=reference_target(self.target))
+        """``mod``'s untuned build (``reference.build_reference``), compiled here, loaded where the
+        candidates run."""
+        rt_mod = build_reference(mod, self.target)
         if self.session is None:
             return rt_mod
         import tempfile

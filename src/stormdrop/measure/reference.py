@@ -28,6 +28,18 @@ def reference_target(target: Any) -> Any:
     return tvm.target.Target({**dict(target.export()), "opt-level": 1})
 
 
+def build_reference(mod: Any, target: Any) -> Any:
+    """``mod``'s reference build for ``target``, the one way builders and runners make it:
+    ``reference_module`` compiled for ``reference_target`` (on a GPU, TVM's default GPU schedule)."""
+    import tvm
+
+    if target.kind.name == "cuda":
+        from stormdrop.tvm_compat.relax_passes import gpu_default_schedule
+
+        mod = gpu_default_schedule(mod, target)
+    return tvm.build(reference_module(mod, target), target=reference_target(target))
+
+
 def reference_module(mod: Any, target: Any) -> Any:
     """``mod`` as its reference is built for ``target``: on a CPU with several cores, each
     top-level block's leading data-parallel loops fused (until ``CHUNKS_PER_CORE`` chunks a core)
