@@ -21,10 +21,11 @@ def _two_cores() -> tvm.target.Target:
 
 
 def _outputs(mod: tvm.IRModule, target: tvm.target.Target) -> list[np.ndarray]:
+    """Every argument's values after one run; integer arguments (a gather's indices) are zero, in range."""
     rng = np.random.default_rng(0)
     args = [tvm.runtime.tensor(rng.uniform(-1, 1, [int(x) for x in a.shape]).astype(str(a.dtype))
                                if not str(a.dtype).startswith("int")
-                               else rng.integers(0, 8, [int(x) for x in a.shape]).astype(str(a.dtype)))
+                               else np.zeros([int(x) for x in a.shape], str(a.dtype)))
             for a in ArgInfo.from_prim_func(mod["main"])]
     tvm.build(mod, target=reference_target(target))["main"](*args)
     return [a.numpy() for a in args]
@@ -38,17 +39,13 @@ def test_every_task_runs_in_parallel_and_computes_the_serial_values(fixture):
 
     target = _two_cores()
     _, tasks = extract_tasks(load_model(str(EXPORTS / fixture)), target)
-    parallel = compared = 0
+    parallel = 0
     for kernel, _ in tasks:
         mod = reference_module(kernel.mod, target)
         parallel += "T.parallel" in mod.script()
-        serial = _outputs(kernel.mod, target)
-        if not all(np.array_equal(a, b, equal_nan=True) for a, b in zip(serial, _outputs(kernel.mod, target))):
-            continue  # random indices out of range (a gather): not the same serially twice either
-        compared += 1
-        for a, b in zip(serial, _outputs(mod, target)):
+        for a, b in zip(_outputs(kernel.mod, target), _outputs(mod, target)):
             assert np.array_equal(a, b, equal_nan=True), kernel.name
-    assert parallel == len(tasks) and compared >= len(tasks) - 2, (parallel, compared, len(tasks))
+    assert parallel == len(tasks), (parallel, len(tasks))
 
 
 def test_a_nest_without_data_parallel_loops_and_a_single_core_stay_serial():
