@@ -90,6 +90,27 @@ def test_a_models_references_are_compiled_by_the_builders_and_each_still_tells_a
     assert [r.error for r in swapped] == [ErrorKind.WRONG_RESULT, ErrorKind.WRONG_RESULT]
 
 
+def test_references_compiled_in_groups_each_tell_their_own_workloads_candidates(kernel):
+    # many workloads: a builder compiles several references into one library (reference_groups),
+    # the runner calls each workload's own function in it
+    ops = {"product": lambda a, b: a * b, "sum": lambda a, b: a + b, "difference": lambda a, b: a - b,
+           "larger": lambda a, b: tvm.te.max(a, b)}
+    mods = {key: _variant(lambda A, B, n, f=f: te.compute((n, n), lambda i, j: f(A[i, j], B[i, j]), name="C"))
+            for key, f in ops.items()}
+    with Gateway(host_target(), MeasureConfig(repeat=2, min_repeat_ms=1, builders=1)) as gw:
+        gw.prepare(KEY, kernel.mod)
+        for key, mod in mods.items():
+            gw.prepare(key, mod)
+        gw.make_references()
+        assert gw._builders[0].jobs == 3 and gw._runners[0].references == {KEY, *ops}  # 2 + 2 + 1
+        assert not [f for f in os.listdir(gw._workdir) if f.startswith("reference")]
+        keys = [KEY, *ops]
+        right = gw.measure(keys, [kernel.mod, *mods.values()])
+        shifted = gw.measure(keys[1:] + keys[:1], [kernel.mod, *mods.values()])
+    assert [r.ok for r in right] == [True] * 5
+    assert [r.error for r in shifted] == [ErrorKind.WRONG_RESULT] * 5
+
+
 def test_a_reference_library_the_runner_cannot_load_is_compiled_by_the_runner_instead(kernel, monkeypatch):
     with Gateway(host_target(), MeasureConfig(repeat=2, min_repeat_ms=1)) as gw:
         gw.prepare(KEY, kernel.mod)

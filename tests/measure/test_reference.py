@@ -10,7 +10,12 @@ import tvm
 from tvm import te
 from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
-from stormdrop.measure.reference import reference_module, reference_target
+from stormdrop.measure.reference import (
+    GROUP_MAX,
+    reference_groups,
+    reference_module,
+    reference_target,
+)
 from stormdrop.target import host_target
 
 EXPORTS = Path(__file__).resolve().parents[1] / "fixtures" / "exports"
@@ -59,3 +64,11 @@ def test_a_nest_without_data_parallel_loops_and_a_single_core_stay_serial():
     assert "T.parallel" in reference_module(per_row, _two_cores()).script()
     one = tvm.target.Target({**dict(host_target().export()), "num-cores": 1})
     assert reference_module(per_row, one) is per_row
+
+
+@pytest.mark.parametrize("count, builders, size", [(1, 2, 1), (8, 2, 1), (10, 2, 2), (34, 2, 5), (189, 2, GROUP_MAX),
+                                                   (5, 1, 2)])
+def test_references_are_grouped_by_libraries_that_keep_every_builder_busy(count, builders, size):
+    groups = reference_groups(count, builders)
+    assert [i for g in groups for i in g] == list(range(count))  # each workload once, in order
+    assert max(map(len, groups)) == size

@@ -16,7 +16,7 @@ import time
 import traceback
 from typing import Any
 
-from stormdrop.measure.reference import build_reference
+from stormdrop.measure.reference import build_reference, build_references
 from stormdrop.measure.tracker import RpcConfig, connect_tracker, free_devices, knock, renewal_due
 
 
@@ -67,14 +67,15 @@ def serve(conn: Any, role: str, target_json: str, rpc: RpcConfig | None) -> None
             conn.send(("error", msg[-3000:] or traceback.format_exc()[-3000:]))
 
 
-def _build_reference(target: Any, mod_json: str, out_path: str) -> str:
-    """A CPU workload's untuned build (``reference.build_reference``) as a library at ``out_path``,
+def _build_reference(target: Any, mod_jsons: list[str], out_path: str) -> str:
+    """CPU workloads' untuned builds (``reference.build_references``) as one library at ``out_path``,
     which the runner loads and runs (``_RunnerState.reference``): builders compile references side by side."""
     import tvm
 
     from stormdrop.tvm_compat.cross import fcompile
 
-    build_reference(tvm.ir.load_json(mod_json), target).export_library(out_path, fcompile=fcompile(target))
+    mods = [tvm.ir.load_json(m) for m in mod_jsons]
+    build_references(mods, target).export_library(out_path, fcompile=fcompile(target))
     return out_path
 
 
@@ -170,6 +171,7 @@ class _RunnerState:
         self.inputs: dict[str, list[Any]] = {}
         self.expected: dict[str, list[Any]] = {}
         self.outputs: dict[str, list[int]] = {}
+        self._reference_lib: tuple[str, Any] | None = None  # the last group of references loaded
 
     def _connect(self) -> None:
         rpc = self.rpc
@@ -195,7 +197,7 @@ class _RunnerState:
         ``DeviceLost`` if the tracker or every device under the key stays unreachable."""
         import gc
 
-        self.session = self.dev = None  # the old session closes, its device goes back to the tracker
+        self.session = self.dev = self._reference_lib = None  # the old session closes, its device goes back
         gc.collect()
         address = f"{self.rpc.host}:{self.rpc.port}"
         deadline = time.monotonic() + self.rpc.retry_s
@@ -232,16 +234,17 @@ class _RunnerState:
             self._reconnect(f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[-1]}")
             return request(*args)
 
-    def reference(self, key: str, mod_json: str, seed: int, lib: str | None = None) -> list[list[Any]]:
-        return self._on_device(self._reference, key, mod_json, seed, lib)
+    def reference(self, key: str, mod_json: str, seed: int, lib: str | None = None,
+                  function: str = "main") -> list[list[Any]]:
+        return self._on_device(self._reference, key, mod_json, seed, lib, function)
 
     def run(self, key: str, built: dict, number: int, repeat: int, min_repeat_ms: float,
             cache_flush: bool, check: bool, warmup_ms: float) -> dict:
         return self._on_device(self._run, key, built, number, repeat, min_repeat_ms, cache_flush, check, warmup_ms)
 
-    def _reference(self, key: str, mod_json: str, seed: int, lib: str | None) -> list[list[Any]]:
-        """Random inputs for ``key`` and the outputs of its untuned (or reference) build: the
-        library ``lib`` when a builder compiled it (``_build_reference``), else built here."""
+    def _reference(self, key: str, mod_json: str, seed: int, lib: str | None, function: str) -> list[list[Any]]:
+        """Random inputs for ``key`` and the outputs of its untuned (or reference) build: ``function``
+        of the library ``lib`` when a builder compiled it (``_build_reference``), else built here."""
         import numpy as np
         import tvm
         from tvm.s_tir.meta_schedule.arg_info import ArgInfo
@@ -257,9 +260,15 @@ class _RunnerState:
             else:
                 arr = rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
             arrays.append(arr)
-        rt_mod = self._load(lib) if lib is not None else self._built_reference(key, mod)
+        if lib is None:
+            rt_mod, function = self._built_reference(key, mod), "main"
+        elif self._reference_lib is not None and self._reference_lib[0] == lib:
+            rt_mod = self._reference_lib[1]  # a group's library, loaded for an earlier workload of it
+        else:
+            rt_mod = self._load(lib)
+            self._reference_lib = (lib, rt_mod)
         args = [tvm.runtime.tensor(a, self.dev) for a in arrays]
-        rt_mod["main"](*args)
+        rt_mod[function](*args)
         self.dev.sync()
         results = [a.numpy() for a in args]
         self.outputs[key] = [i for i, (a, r) in enumerate(zip(arrays, results)) if not np.array_equal(a, r)]

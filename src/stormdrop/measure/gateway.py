@@ -33,6 +33,7 @@ from stormdrop import stop
 from stormdrop.errors import MeasureError, one_line
 from stormdrop.measure.costs import MeasureCosts, batch_s
 from stormdrop.measure.memory import process_rss_mb, runner_memory_limit_mb
+from stormdrop.measure.reference import reference_function, reference_groups
 from stormdrop.measure.timing_lock import timing
 from stormdrop.measure.tracker import RpcConfig, devices_to_start, free_devices
 from stormdrop.measure.workers import DeviceGone, Runner, Worker
@@ -139,33 +140,36 @@ class Gateway:
         runner itself, which then says why it cannot (``MeasureError``)."""
         runner, timeout = self._runners[0], self.config.device_timeout_s
         todo = [k for k in dict.fromkeys(self._workloads if keys is None else keys) if not runner.holds(k)]
-        libs: dict[str, str] = {}
+        libs: dict[str, tuple[str, str]] = {}  # key -> (its group's library, its function there)
         if self.target.kind.name == "llvm" and len(todo) > 1:
+            groups = [[todo[i] for i in g] for g in reference_groups(len(todo), len(self._builders))]
+
             def request(job: int) -> tuple[str, tuple]:
                 self._counter += 1
-                return "reference_build", (self._workloads[todo[job]][0],
+                return "reference_build", ([self._workloads[k][0] for k in groups[job]],
                                            os.path.join(self._workdir, f"reference{self._counter}.so"))
 
             def done(job: int, status: str, value: Any, worker: Worker) -> None:
                 worker.jobs += 1  # (its first job paid the process's warm-up)
                 if status == "ok":
-                    libs[todo[job]] = value
+                    libs.update((k, (value, reference_function(i))) for i, k in enumerate(groups[job]))
 
-            self._on_builders(len(todo), request, done, lambda worker: self.config.build_timeout_s)
-        for key in todo:
-            lib = libs.get(key)
-            try:
-                runner.ensure_reference(key, self._workloads[key], timeout, lib)
-            except DeviceGone:
-                raise
-            except MeasureError:
-                if lib is None:
+            self._on_builders(len(groups), request, done, lambda worker: self.config.build_timeout_s)
+        try:
+            for key in todo:
+                lib = libs.get(key)
+                try:
+                    runner.ensure_reference(key, self._workloads[key], timeout, lib)
+                except DeviceGone:
                     raise
-                runner.ensure_reference(key, self._workloads[key], timeout)
-            finally:
-                if lib is not None:
-                    with contextlib.suppress(OSError):
-                        os.remove(lib)
+                except MeasureError:
+                    if lib is None:
+                        raise
+                    runner.ensure_reference(key, self._workloads[key], timeout)
+        finally:
+            for path in {path for path, _ in libs.values()}:
+                with contextlib.suppress(OSError):
+                    os.remove(path)
 
     def measure(self, key: str | Sequence[str], mods: list[tvm.IRModule],
                 on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:

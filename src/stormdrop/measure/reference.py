@@ -7,6 +7,10 @@ its first candidate, and an untuned nest runs on one core at a few GFLOPS at bes
 convolutions of a VGG at 224 take seconds each). Each output element is computed by the same
 statements in the same order as the serial nest (only which thread computes it changes), so the
 reference's values are the serial nest's, and a loop TVM cannot prove data-parallel stays serial.
+
+Builders compile a model's references in groups, several workloads' nests as the functions of
+one library (``build_references``): linking a library costs about as much as compiling a small
+nest, so one library a reference was most of a many-task model's set-up.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 CHUNKS_PER_CORE = 8  # leading loops are fused until they give this many parallel chunks a core
+GROUP_MAX = 16  # the most references compiled into one library
+GROUPS_PER_BUILDER = 4  # smaller groups while fewer would leave a builder fewer than this many
 
 
 def reference_target(target: Any) -> Any:
@@ -38,6 +44,30 @@ def build_reference(mod: Any, target: Any) -> Any:
 
         mod = gpu_default_schedule(mod, target)
     return tvm.build(reference_module(mod, target), target=reference_target(target))
+
+
+def reference_function(i: int) -> str:
+    """The name of the ``i``-th workload's reference in a library of ``build_references``."""
+    return f"reference{i}"
+
+
+def build_references(mods: list, target: Any) -> Any:
+    """One CPU library of ``mods``' references (as ``build_reference`` makes each), the ``i``-th
+    as function ``reference_function(i)``."""
+    import tvm
+
+    funcs = {}
+    for i, mod in enumerate(mods):
+        name = reference_function(i)
+        funcs[name] = reference_module(mod, target)["main"].with_attr("global_symbol", name)
+    return tvm.build(tvm.IRModule(funcs), target=reference_target(target))
+
+
+def reference_groups(count: int, builders: int) -> list[range]:
+    """Workloads ``0 .. count - 1`` cut into the groups builders compile as one library each:
+    as large as leaves each builder ``GROUPS_PER_BUILDER`` groups, at most ``GROUP_MAX``."""
+    size = max(1, min(GROUP_MAX, -(-count // (GROUPS_PER_BUILDER * max(1, builders)))))
+    return [range(s, min(s + size, count)) for s in range(0, count, size)]
 
 
 def reference_module(mod: Any, target: Any) -> Any:

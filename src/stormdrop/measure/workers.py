@@ -142,12 +142,14 @@ class Runner:
         return key in self.references
 
     def ensure_reference(self, key: str, workload: tuple[str, int], run_timeout_s: float,
-                         lib: str | None = None) -> None:
-        """``key``'s inputs and reference outputs made, unless held: its untuned build ``lib``
-        loaded and run (a builder compiled it), or without one compiled by the runner itself."""
+                         lib: tuple[str, str] | None = None) -> None:
+        """``key``'s inputs and reference outputs made, unless held: its untuned build, ``lib``'s
+        (library, function), loaded and run (a builder compiled it), or without one compiled by
+        the runner itself."""
         if self.holds(key):
             return
-        status, value = self.worker.call("reference", (key, *workload, lib), timeout=max(600.0, run_timeout_s))
+        status, value = self.worker.call("reference", (key, *workload, *(lib or (None, "main"))),
+                                         timeout=max(600.0, run_timeout_s))
         if status == "lost" or (status != "ok" and self.joined and self.generation == 1 and not self.references):
             raise DeviceGone(one_line(value))  # (a joined device taken by another meanwhile, say)
         if status != "ok":
