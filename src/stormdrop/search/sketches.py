@@ -2,8 +2,9 @@
 
 The sketches are MetaSchedule's design space for the workload (``post-order-apply``, or the
 tensor-core one for float16 on a GPU that has tensor cores) and, on a CPU, MetaSchedule's sketches
-of the workload with its stride-2 padded inputs stored as parity planes (``search.parity``), each
-with random decisions drawn once from the task's seed; the storm samples and evolves from them,
+of the workload with its stride-2 padded inputs stored as parity planes (``search.parity``) and a
+copy-like kernel vectorized along its rows (``search.rows``), each with random decisions drawn
+once from the task's seed; the storm samples and evolves from them,
 reuse moves donors' decisions into them, and the raindrop replays its moves through their
 postprocessors. The ``TuneContext`` they come from also makes the cost model's features
 (``cost_model.CostModel``). It measures, stores and proposes nothing.
@@ -15,8 +16,8 @@ import tvm
 import tvm.s_tir.meta_schedule as ms
 from tvm.target import Target
 
-from stormdrop.search import parity
-from stormdrop.target import num_cores, physical_cores
+from stormdrop.search import parity, rows
+from stormdrop.target import num_cores, physical_cores, vector_lanes
 from stormdrop.tvm_compat.intrinsics import (
     load_tensor_intrinsics,
     register_default_pool_rules,
@@ -25,10 +26,11 @@ from stormdrop.tvm_compat.intrinsics import (
 
 
 class Sketches:
-    """The design space of ``mod`` on ``target``, its random decisions drawn from ``seed``."""
+    """The design space of ``mod`` on ``target``, its random decisions drawn from ``seed``; ``row_vectors``:
+    with the row-vector sketch of a copy-like kernel (``search.rows``) on a CPU."""
 
-    def __init__(self, mod: tvm.IRModule, target: Target, seed: int) -> None:
-        self.mod, self.target, self.seed = mod, target, seed
+    def __init__(self, mod: tvm.IRModule, target: Target, seed: int, row_vectors: bool = True) -> None:
+        self.mod, self.target, self.seed, self.row_vectors = mod, target, seed, row_vectors
         self.context = make_context(mod, target, seed=seed)
         self._spaces: list | None = None
 
@@ -40,12 +42,14 @@ class Sketches:
     def spaces(self) -> list:
         """The sketches (design spaces, random decisions), made at first use; on a CPU, besides
         them the sketches of the workload with its stride-2 padded inputs as parity planes
-        (``search.parity``), and none that rfactors a short reduction of many outputs (a pooling
-        window)."""
+        (``search.parity``) and a copy-like kernel vectorized along its rows (``search.rows``),
+        and none that rfactors a short reduction of many outputs (a pooling window)."""
         if self._spaces is None:
             spaces = list(self.context.generate_design_space())
             if self.target.kind.name == "llvm":
                 spaces += self._parity_spaces()
+                row = rows.space(self.mod, vector_lanes(self.target) or 8) if self.row_vectors else None
+                spaces += [row] if row is not None else []
                 spaces = without_needless_rfactor(spaces, self.mod, num_cores(self.target) or physical_cores())
             self._spaces = spaces
         return self._spaces

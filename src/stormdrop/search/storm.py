@@ -100,6 +100,9 @@ class StormConfig:
     # Reuse draws from the schedule hub its workloads related to the task's (transfers from the
     # hub's shapes, nearest first, with the run's own donors), not only the task's very workload.
     hub_transfers: bool = True
+    # On CPUs the sketches include a copy-like kernel vectorized along its innermost loop
+    # (search.rows: a channel shuffle's rows of 14), beside MetaSchedule's vectors across its rows.
+    row_vectors: bool = True
 
 
 class Storm:
@@ -126,7 +129,7 @@ class Storm:
         self.mod, self.target, self.seed = mod, target, seed
         self.database = ms.database.MemoryDatabase()
         self.workload = self.database.commit_workload(mod)
-        self.sketches = sketches if sketches is not None else Sketches(mod, target, seed)
+        self.sketches = sketches if sketches is not None else Sketches(mod, target, seed, row_vectors=cfg.row_vectors)
         self.model = model if model is not None else CostModel(self.sketches.context, cfg)
         self._pending: list[ms.MeasureCandidate] = []
         self.remaining = trials

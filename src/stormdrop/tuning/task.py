@@ -367,7 +367,8 @@ class TaskTuner:
     def _sketches(self) -> Sketches:
         """The task's design space, made at first use."""
         if self.sketches is None:
-            self.sketches = Sketches(self.task.kernel.mod, self.task.target, self.task.seed)
+            self.sketches = Sketches(self.task.kernel.mod, self.task.target, self.task.seed,
+                                     row_vectors=self.storm_config.row_vectors)
         return self.sketches
 
     def _cost_model(self) -> CostModel:
