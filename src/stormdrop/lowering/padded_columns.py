@@ -53,7 +53,7 @@ def _conv_weights(bb: relax.BlockBuilder, call: relax.Call,
                   lanes: int | None) -> tuple[np.ndarray, int, int, int] | None:
     """(the constant weights, their output-channel axis, the output's channel axis, the padded
     channel count) where the rewrite applies to a conv2d, else ``None``. The weights are a
-    constant or a variable bound to one (``fold_weight_permutes``)."""
+    constant or a variable bound to one (``constants.fold``)."""
     x, w = call.args
     if isinstance(w, relax.Var):
         w = bb.lookup_binding(w)
@@ -70,26 +70,6 @@ def _conv_weights(bb: relax.BlockBuilder, call: relax.Call,
     channels = int(w.value.shape[axis])
     goal = padded(channels, lanes)
     return None if goal == channels else (w.value.numpy(), axis, out.index("C"), goal)
-
-
-def fold_weight_permutes(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with each ``permute_dims`` of a constant written as the permuted constant: a
-    convolution's weights after ``ConvertLayout`` (HWIO of the model's OIHW), so that its
-    legalization sees them as constants."""
-    permute = tvm.ir.Op.get("relax.permute_dims")
-
-    @relax.expr_functor.mutator
-    class Fold(relax.PyExprMutator):
-        def visit_call_(self, call: Any) -> Any:
-            call = super().visit_call_(call)
-            if not (isinstance(call, relax.Call) and call.op.same_as(permute) and isinstance(call.args[0], Constant)):
-                return call
-            data = call.args[0].value.numpy()
-            axes = None if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
-            return relax.const(np.ascontiguousarray(np.transpose(data, axes)))
-
-    folded = {gv: Fold(mod).visit_expr(f) if isinstance(f, relax.Function) else f for gv, f in mod.functions.items()}
-    return tvm.IRModule(folded, attrs=mod.attrs)
 
 
 def legalizations(inner: Callable[[relax.BlockBuilder, relax.Call], relax.Expr],

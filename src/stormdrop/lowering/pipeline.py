@@ -14,7 +14,15 @@ from tvm import relax
 from tvm.target import Target
 
 from stormdrop.errors import SpecError
-from stormdrop.lowering import attention, concat, fastmath, padded_columns, padded_rows, reductions
+from stormdrop.lowering import (
+    attention,
+    concat,
+    constants,
+    fastmath,
+    padded_columns,
+    padded_rows,
+    reductions,
+)
 from stormdrop.lowering.layout import LAYOUTS, convert_layout, op_calls
 from stormdrop.lowering.layout import legalizations as layout_legalizations
 from stormdrop.lowering.winograd import MIN_TRIALS_PER_TASK, TRIAL_S, planned_key
@@ -120,7 +128,7 @@ class Lowering:
         load_tensor_intrinsics(target)
         cpu = target.kind.name == "llvm"
         with target:
-            mod = self._laid_out(mod, target)
+            mod = constants.fold(self._laid_out(mod, target))  # weights laid out in NumPy, not compiled
             rules = dict(layout_legalizations())
             if self.fast_math and cpu:
                 rules.update(fastmath.legalizations())
@@ -133,7 +141,6 @@ class Lowering:
             if self.pad_columns and cpu:
                 inner = rules.get("relax.matmul") or tvm.ir.Op.get("relax.matmul").get_attr("FLegalize")
                 rules.update(padded_columns.legalizations(inner, rules["relax.nn.conv2d"]))
-                mod = padded_columns.fold_weight_permutes(mod)
             mod = relax.transform.LegalizeOps(rules)(mod)
             fused = relax.get_pipeline("zero")(mod)
             if self.concat_copies and cpu:
