@@ -22,9 +22,10 @@ MAX_LANES = 64  # a longer one is split by MetaSchedule's own sketch well enough
 
 def space(mod: tvm.IRModule, lanes: int) -> Schedule | None:
     """``mod`` with every block inlined into its last one, that block's outer loops fused and run in
-    parallel and its innermost loop vectorized whole; ``None`` unless every block is a copy-like
-    spatial block (no reduction) and the innermost loop's extent is a ``MIN_LANES``-``MAX_LANES``
-    non-multiple of ``lanes`` (a multiple gives contiguous vectors across rows already)."""
+    parallel and its innermost loop vectorized whole; ``None`` unless every block is spatial (copies,
+    layout changes, element-wise arithmetic: no reduction) and the innermost loop's extent is a
+    ``MIN_LANES``-``MAX_LANES`` non-multiple of ``lanes`` (a multiple gives contiguous vectors across
+    rows already)."""
     sch = Schedule(mod)
     try:
         blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
