@@ -54,7 +54,7 @@ def fold(mod: tvm.IRModule) -> tvm.IRModule:
     for _ in range(ROUNDS):
         Fold.changed = False
         mod = tvm.IRModule({gv: Fold(mod).visit_expr(f) if isinstance(f, relax.Function) else f
-                            for gv, f in mod.functions.items()}, attrs=mod.attrs)
+                            for gv, f in mod.functions.items()}, attrs=mod.attrs, global_infos=mod.global_infos)
         if not Fold.changed:
             break
         mod = relax.transform.CanonicalizeBindings()(mod)  # a var bound to a constant: the constant
