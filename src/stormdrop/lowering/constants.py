@@ -2,10 +2,9 @@
 
 Converting a model's convolutions to NHWC leaves every weight and bias behind a ``permute_dims``
 (OIHW to HWIO) or a ``reshape`` of a constant. Relax's ``FoldConstant`` computes each of them by
-compiling and running a kernel of its own: about 40 ms apiece, several seconds for a ResNet-50's
-159 or a ShuffleNet's 168, paid by every extraction and every compile of the model. NumPy's
-transpose and reshape give the same array, element for element, in microseconds: ``fold`` writes
-each such call as the constant it computes, before legalization.
+compiling and running a kernel of its own, over a hundred of them for a ResNet-50, most of the
+model's extraction. NumPy's transpose and reshape give the same array, element for element:
+``fold`` writes each such call as the constant it computes, before legalization.
 """
 
 from __future__ import annotations
