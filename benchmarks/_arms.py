@@ -15,6 +15,8 @@ _ARMS = {"cold_tuned": ("tuned with the caches flushed (--cache-flush", "tuned w
                            "TVM's / copies", False, "TVM's concatenations"),
          "concat_copies": ("tuned with concatenations alone as copies (--concat-copies ab", "as TVM writes them",
                            "copies / TVM's", False, "concatenations as copies"),
+         "split_concats": ("tuned with concatenations before convolutions computed as partial convolutions "
+                           "(--split-concats ab", "as lowered", "split / as lowered", False, "split concatenations"),
          "direct": ("tuned with every convolution direct (--winograd-ab", "as lowered", "direct / as lowered", False,
                     "direct"),
          "no_hub": ("tuned without the schedule hub (--hub ab", "with the hub", "no hub / hub", False, "no hub"),
@@ -75,6 +77,8 @@ LOWERING_SWITCHES = {
     "pad_columns": ("padded_columns", "products with constant weights whose column count is no multiple of the "
                     "vector width computed over zero-weight columns"),
     "concat_copies": ("concat_copies", "concatenations alone as one copy per input"),
+    "split_concats": ("split_concats", "channel concatenations that feed only convolutions computed as partial "
+                      "convolutions of their inputs"),
 }
 
 

@@ -17,6 +17,7 @@ from stormdrop.errors import SpecError
 from stormdrop.lowering import (
     attention,
     concat,
+    concat_split,
     constants,
     fastmath,
     padded_columns,
@@ -56,6 +57,8 @@ class Lowering:
     ``concat_copies``: concatenations that fusion leaves alone as one vectorizable copy per input
     into its slice of the output (``concat``) instead of TVM's per-element choice of input, on CPUs.
     Off by default: faster as kernels, not yet inside models.
+    ``split_concats``: channel concatenations that feed only convolutions (a SqueezeNet's fire
+    modules) computed as partial convolutions of their inputs, summed (``concat_split``), on CPUs.
     """
 
     layout: str = "auto"
@@ -67,6 +70,7 @@ class Lowering:
     pad_rows: bool = True
     pad_columns: bool = False
     concat_copies: bool = False
+    split_concats: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -102,13 +106,21 @@ class Lowering:
             mod = combine_parallel_matmuls(mod)
         return relax.transform.Normalize()(convert_layout(mod, target, self.layout))
 
+    def _before_legalization(self, mod: tvm.IRModule, target: Target) -> tvm.IRModule:
+        """``_laid_out`` with the weights' layouts computed (``constants.fold``), and the graph
+        rewrites that need constant weights."""
+        mod = constants.fold(self._laid_out(mod, target))  # weights laid out in NumPy, not compiled
+        if self.split_concats and target.kind.name == "llvm":
+            mod = concat_split.split(mod)
+        return mod
+
     def convolutions(self, mod: tvm.IRModule, target: Target) -> tuple[int, list[tuple]]:
         """The model's distinct convolutions (each is a kernel of its own: at least this many
         tasks), and the Winograd kernels this lowering makes of them (``winograd.planned_key``),
         without legalizing or compiling anything."""
         mode = self.winograd if target.kind.name == "llvm" else "off"
         with target:
-            mod = self._laid_out(mod, target)
+            mod = self._before_legalization(mod, target)
         distinct, keys = set(), []
         for func in mod.functions.values():
             if not isinstance(func, relax.Function):
@@ -128,7 +140,7 @@ class Lowering:
         load_tensor_intrinsics(target)
         cpu = target.kind.name == "llvm"
         with target:
-            mod = constants.fold(self._laid_out(mod, target))  # weights laid out in NumPy, not compiled
+            mod = self._before_legalization(mod, target)
             rules = dict(layout_legalizations())
             if self.fast_math and cpu:
                 rules.update(fastmath.legalizations())
