@@ -6,8 +6,8 @@ Two sets:
 
 - ``full``: the real-export benchmark's networks at their usual sizes (``bench_models.py
   --models DIR/a.onnx,...``);
-- ``small``: mobile-style networks at 96x96 for the small-budget benchmark (``bench_small.py
-  --cases DIR/a.onnx:128,...``), in no other set;
+- ``small``: mobile-style networks at 96x96 (``--size``) for the small-budget benchmark
+  (``bench_small.py --cases DIR/a.onnx:128,...``), in no other set;
 - ``fixtures``: the same families in tiny configurations, committed under
   ``tests/fixtures/exports/`` so that CI checks the importer paths these exporters produce
   (``Gelu``, ``LayerNormalization``, attention masks, int64 inputs, grouped convolutions, SE
@@ -15,7 +15,7 @@ Two sets:
 
     python benchmarks/export_networks.py --set fixtures --out tests/fixtures/exports
     python benchmarks/export_networks.py --set full --out /tmp/exports [--only convnext_tiny,distilbert]
-    python benchmarks/export_networks.py --set small --out /tmp/small
+    python benchmarks/export_networks.py --set small --out /tmp/small [--size 128]
 
 Needs ``torch``, ``torchvision``, ``timm``, ``transformers`` and ``onnxscript`` (not stormdrop's
 dependencies). With a CPU-only ``torch``, torchvision's compiled operators (detection ops, which
@@ -72,16 +72,23 @@ def _tokens(vocab: int, seq: int, token_types: bool = False):
     return kwargs, list(kwargs)
 
 
+SMALL_SIZE = [96]  # the small set's input size (--size)
+
+
 # ---- full size -----------------------------------------------------------------------------------
 @network("regnet_x_400mf", "small")
 def _regnet_x_400mf():
-    return _torchvision().models.regnet_x_400mf(), _image(96)
+    return _torchvision().models.regnet_x_400mf(), _image(SMALL_SIZE[0])
+
+
+def _squeezenet1_1():
+    return _torchvision().models.squeezenet1_1(), _image(SMALL_SIZE[0])
 
 
 def _timm_small(name: str):
     import timm
 
-    return timm.create_model(name, pretrained=False), _image(96)
+    return timm.create_model(name, pretrained=False), _image(SMALL_SIZE[0])
 
 
 # timm: ghost modules, mixed-kernel depthwise, hardswish; then mobile NAS networks of 46-102 tasks (the
@@ -94,8 +101,9 @@ for _name in ("ghostnet_100", "mixnet_s", "lcnet_100", "fbnetc_100", "semnasnet_
               "res2net50_14w_8s", "dla46x_c", "mobileone_s1", "hrnet_w18_small_v2", "tinynet_b", "densenet121",
               "inception_v3", "ese_vovnet39b", "resnet14t", "regnetx_004", "hardcorenas_c", "ghostnet_050",
               "tf_mobilenetv3_large_075", "lcnet_050", "tinynet_c", "regnety_004", "hardcorenas_b", "lcnet_150",
-              "tinynet_d"):
+              "tinynet_d", "dla60x_c"):
     network(_name, "small")(lambda _name=_name: _timm_small(_name))
+network("squeezenet1_1", "small")(_squeezenet1_1)
 
 
 @network("mobilenet_v3_large", "full")
@@ -282,7 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", choices=["full", "small", "fixtures"], required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--only", default=None, help="comma-separated names (default: the whole set)")
+    p.add_argument("--size", type=int, default=96, help="the small set's input size (default 96)")
     args = p.parse_args(argv)
+    SMALL_SIZE[0] = args.size
     chosen = NETWORKS[args.set]
     names = [n.strip() for n in args.only.split(",")] if args.only else list(chosen)
     unknown = [n for n in names if n not in chosen]
