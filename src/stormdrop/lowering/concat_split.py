@@ -81,7 +81,7 @@ class _Plan:
                     self.bindings[b.var] = b.value
             if isinstance(block, relax.DataflowBlock):
                 users.update(relax.analysis.udchain(block))
-        self.pushed: set[Any] = set()  # pool vars now computed as concat(pool(x_i))
+        self.pushed: set[Any] = set()  # pool vars now computed as concat(pool(x_i)), then split
         self.split: set[Any] = set()  # concat (or pushed pool) vars whose users are all split
         for var, value in self.bindings.items():
             inputs = _channel_concat(value)
@@ -89,10 +89,11 @@ class _Plan:
                 continue
             uses = list(users[var])
             if len(uses) == 1 and _pool_nhwc(self.bindings.get(uses[0])) and uses[0] in users \
-                    and isinstance(uses[0], relax.DataflowVar):
-                self.pushed.add(uses[0])
-                var, uses = uses[0], list(users[uses[0]])
-            if self._pays(var, inputs, uses):
+                    and isinstance(uses[0], relax.DataflowVar):  # the pool moves only if the split follows
+                if self._pays(uses[0], inputs, list(users[uses[0]])):
+                    self.pushed.add(uses[0])
+                    self.split.add(uses[0])
+            elif self._pays(var, inputs, uses):
                 self.split.add(var)
 
     def _pays(self, var: Any, inputs: list[Any], uses: list[Any]) -> bool:
@@ -127,8 +128,7 @@ def split(mod: tvm.IRModule) -> tvm.IRModule:
                 concat = self.plan.bindings[value.args[0]]
                 pooled = [self.builder_.emit(relax.Call(value.op, [self.visit_expr(x)], value.attrs))
                           for x in _channel_concat(concat)]
-                if var in self.plan.split:
-                    self.parts[var] = pooled
+                self.parts[var] = pooled
                 self.set_var_remap(var, self.builder_.emit(relax.op.concat(pooled, axis=3)))
                 return
             if var in self.plan.split and var not in self.plan.pushed:
