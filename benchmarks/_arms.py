@@ -11,6 +11,10 @@ _ARMS = {"cold_tuned": ("tuned with the caches flushed (--cache-flush", "tuned w
                            "unpadded / padded", False, "unpadded rows"),
          "padded_columns": ("tuned with constant-weight products and convolutions over padded columns (--pad-columns ab", "as lowered",
                             "padded columns / as lowered", False, "padded columns"),
+         "padded_conv_columns": ("tuned with nearly free padded convolution channels (--pad-conv-columns ab",
+                                 "as lowered", "padded / as lowered", False, "padded convolution channels"),
+         "unpadded_conv_columns": ("tuned with convolutions at their own channel count (--pad-conv-columns ab",
+                                   "padded channels", "unpadded / padded", False, "unpadded channels"),
          "select_concat": ("tuned with concatenations as TVM writes them (--concat-copies ab", "copies",
                            "TVM's / copies", False, "TVM's concatenations"),
          "concat_copies": ("tuned with concatenations alone as copies (--concat-copies ab", "as TVM writes them",
@@ -76,6 +80,8 @@ LOWERING_SWITCHES = {
     "pad_rows": ("unpadded_rows", "matrix products whose row count tiles badly computed over padded rows"),
     "pad_columns": ("padded_columns", "products with constant weights whose column count is no multiple of the "
                     "vector width computed over zero-weight columns"),
+    "pad_conv_columns": ("unpadded_conv_columns", "convolutions whose channel count pads to the vector width for "
+                         "at most 1/32 more channels computed over zero-weight channels"),
     "concat_copies": ("concat_copies", "concatenations alone as one copy per input"),
     "split_concats": ("split_concats", "channel concatenations that feed only convolutions computed as partial "
                       "convolutions of their inputs"),

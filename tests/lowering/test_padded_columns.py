@@ -43,6 +43,9 @@ def _weight_columns(fused: tvm.IRModule) -> list[int]:
 def test_padded_column_counts():
     assert [padded_columns.padded(n, 16) for n in (1000, 1008, 44, 31, 16, 1)] == [1008, 1008, 48, 31, 16, 1]
     assert [padded_columns.padded(n, 8) for n in (1000, 44, 15)] == [1000, 48, 15]
+    # nearly free: at most 1/32 more columns (1000 -> 1008, 440 -> 448), not 44 -> 48 or 184 -> 192
+    assert [padded_columns.nearly_free(n, 16) for n in (1000, 440, 1008, 44, 184, 31)] == \
+        [True, True, False, False, False, False]
 
 
 @pytest.mark.slow
@@ -117,3 +120,33 @@ def test_a_convolution_with_constant_weights_is_computed_over_padded_channels_an
         assert [o.shape for o in outs] == [(1, COLUMNS, 6, 6)]
         err, scale = max_abs_diff(outs, ref)
         assert err <= 1e-5 * scale, (pad, layout, err, scale)
+
+
+def _classifier_model():
+    """A SqueezeNet's head: a 1x1 convolution to 1000 channels with its bias and ReLU, beside a 1x1
+    convolution to COLUMNS channels and a linear layer to COLUMNS features."""
+    g = GraphBuilder("head", 0)
+    x = g.input("x", (1, FEATURES, 6, 6))
+    g.output(g.relu(g.conv(x, 1000, 1)))
+    g.output(g.relu(g.conv(x, COLUMNS, 1)), "narrow")
+    g.output(g.linear(g.flatten(g.global_avgpool(x)), COLUMNS), "linear")
+    return from_onnx_model(g.model(), "head")
+
+
+@pytest.mark.slow
+def test_only_convolutions_padded_nearly_free_are_padded_by_pad_conv_columns():
+    lanes = vector_lanes(TARGET)
+    if lanes != 16:
+        pytest.skip("1000 pads nearly free to a multiple of 16 lanes only (AVX-512)")
+    model = _classifier_model()
+    inputs = random_inputs(model, 0)
+    ref, _ = run_onnxruntime(model.onnx_model, inputs, 2)
+    for pad in (True, False):
+        fused, _ = extract_tasks(model, TARGET, Lowering(pad_conv_columns=pad))
+        assert _conv_output_channels(fused, "nhwc") == [COLUMNS, 1008 if pad else 1000], pad
+        assert _weight_columns(fused) == [COLUMNS], pad  # the linear layer's product: not padded
+        ex = tvm.compile(apply_records(fused, ms.database.MemoryDatabase(), TARGET), target=TARGET)
+        outs, _ = run_model(ex, inputs, TARGET, time_it=False)
+        assert [o.shape for o in outs] == [(1, 1000, 6, 6), (1, COLUMNS, 6, 6), (1, COLUMNS)]
+        err, scale = max_abs_diff(outs, ref)
+        assert err <= 1e-5 * scale, (pad, err, scale)

@@ -153,3 +153,35 @@ def test_a_small_trial_cap_tunes_direct_convolutions_and_bench_builds_them(tmp_p
     assert err <= 1e-3 * scale
     latency_s = timing.in_turns({**found.timers, "stormdrop": timing.tvm_timer(executable, inputs, target)}, rounds=1)
     assert set(latency_s) == {"onnxruntime", "openvino", "stormdrop"} and min(latency_s.values()) > 0
+
+
+@pytest.mark.slow
+def test_bench_builds_a_model_as_tuned_with_or_without_padded_convolution_columns(tmp_path):
+    """A 1000-channel 1x1 convolution (a SqueezeNet's classifier) tuned without padded columns (as
+    every tune before ``Lowering.pad_conv_columns`` was): `bench` with them on compiles the tasks
+    that were tuned; a tune with them on notes so, and its tasks are the padded ones."""
+    from stormdrop.lowering.pipeline import Lowering
+    from stormdrop.model.bench import bench_model
+    from stormdrop.target import vector_lanes
+
+    if vector_lanes(host_target()) != 16:
+        pytest.skip("1000 channels pad nearly free to a multiple of 16 lanes only (AVX-512)")
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((1000, 16, 1, 1)) * 0.2).astype("float32"), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["input", "w"], ["c"], kernel_shape=[1, 1]), helper.make_node("Relu", ["c"], ["output"])],
+        "head", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 16, 4, 4])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 1000, 4, 4])], initializer=[w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = str(tmp_path / "head.onnx")
+    onnx.save(model, path)
+    padded = Lowering(pad_conv_columns=True)
+    for pad in (False, True):
+        db_path = tmp_path / f"pad{pad}.db"
+        result = tune_model(path, ModelOptions(trials=6, seed=0, lowering=Lowering(pad_conv_columns=pad)), db=db_path)
+        assert any("columns" in t.name for t in result.tasks) == pad, [t.name for t in result.tasks]
+        with Database(db_path) as db:
+            bench = bench_model(path, db=db, lowering=padded)
+        assert sorted(r.name for r in bench.tasks) == sorted(t.name for t in result.tasks), pad
+        assert all(r.latency_s is not None for r in bench.tasks)

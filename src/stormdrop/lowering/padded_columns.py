@@ -11,7 +11,9 @@ output keep their shapes and only its intermediate and constant weights grow. Ap
 to float32 products whose ``w`` is a 2-D constant (``tvm.ir.expr.Constant``), and to ungrouped
 float32 convolutions in plain layouts (a squeezenet's 1x1 classifier over 1000 channels) whose
 constant weights are padded on their output-channel axis and whose output is cropped on its
-channel axis.
+channel axis. ``legalizations(..., only_nearly_free=True)`` pads convolutions only, and only where the
+padding adds at most ``1 / NEARLY_FREE`` more channels (a 1000-channel classifier's 1008: the
+vector width doubled for under one percent more work), not a mobile network's 40 or 72.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from tvm.ir.expr import Constant
 from stormdrop.lowering.padded_rows import crop_rows
 from stormdrop.target import vector_lanes
 
+NEARLY_FREE = 32  # nearly_free pads where the added columns are at most 1/32 of the columns
+
 
 def padded(columns: int, lanes: int) -> int:
     """The column count a product of ``columns`` columns is computed at: the next multiple of
@@ -34,6 +38,12 @@ def padded(columns: int, lanes: int) -> int:
     if columns < 2 * lanes or columns % lanes == 0:
         return columns
     return -(-columns // lanes) * lanes
+
+
+def nearly_free(columns: int, lanes: int) -> bool:
+    """Whether ``padded`` adds columns, at most ``1 / NEARLY_FREE`` of them."""
+    goal = padded(columns, lanes)
+    return goal != columns and (goal - columns) * NEARLY_FREE <= columns
 
 
 def _weights(call: relax.Call, lanes: int | None) -> tuple[np.ndarray, int] | None:
@@ -49,8 +59,8 @@ def _weights(call: relax.Call, lanes: int | None) -> tuple[np.ndarray, int] | No
     return None if goal == columns else (w.value.numpy(), goal)
 
 
-def _conv_weights(bb: relax.BlockBuilder, call: relax.Call,
-                  lanes: int | None) -> tuple[np.ndarray, int, int, int] | None:
+def _conv_weights(bb: relax.BlockBuilder, call: relax.Call, lanes: int | None,
+                  only_nearly_free: bool = False) -> tuple[np.ndarray, int, int, int] | None:
     """(the constant weights, their output-channel axis, the output's channel axis, the padded
     channel count) where the rewrite applies to a conv2d, else ``None``. The weights are a
     constant or a variable bound to one (``constants.fold``)."""
@@ -69,17 +79,21 @@ def _conv_weights(bb: relax.BlockBuilder, call: relax.Call,
     axis = kernel.index("O")
     channels = int(w.value.shape[axis])
     goal = padded(channels, lanes)
-    return None if goal == channels else (w.value.numpy(), axis, out.index("C"), goal)
+    if goal == channels or (only_nearly_free and not nearly_free(channels, lanes)):
+        return None
+    return w.value.numpy(), axis, out.index("C"), goal
 
 
 def legalizations(inner: Callable[[relax.BlockBuilder, relax.Call], relax.Expr],
-                  inner_conv: Callable[[relax.BlockBuilder, relax.Call], relax.Expr]) -> dict[str, Any]:
+                  inner_conv: Callable[[relax.BlockBuilder, relax.Call], relax.Expr],
+                  only_nearly_free: bool = False) -> dict[str, Any]:
     """``LegalizeOps`` overrides of ``relax.matmul`` and ``relax.nn.conv2d`` that pad the columns
     where they apply and hand every product (padded or not) to ``inner`` and every convolution to
-    ``inner_conv``, the rules that legalize them otherwise."""
+    ``inner_conv``, the rules that legalize them otherwise. ``only_nearly_free``: convolutions
+    only, where padding them is nearly free (``nearly_free``)."""
 
     def legalize_conv(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-        found = _conv_weights(bb, call, vector_lanes(tvm.target.Target.current()))
+        found = _conv_weights(bb, call, vector_lanes(tvm.target.Target.current()), only_nearly_free)
         if found is None:
             return inner_conv(bb, call)
         weights, axis, out_axis, goal = found
@@ -103,4 +117,5 @@ def legalizations(inner: Callable[[relax.BlockBuilder, relax.Call], relax.Expr],
         return bb.call_te(crop_rows, product, len(product.ty.shape) - 1, int(weights.shape[1]), "T_columns",
                           primfunc_name_hint="columns")
 
-    return {"relax.matmul": legalize, "relax.nn.conv2d": legalize_conv}
+    return {"relax.nn.conv2d": legalize_conv} if only_nearly_free else \
+        {"relax.matmul": legalize, "relax.nn.conv2d": legalize_conv}

@@ -54,6 +54,9 @@ class Lowering:
     (output-channel) count is no multiple of the vector width (a classifier's 1000) computed
     over zero-weight columns up to the next multiple and cropped (``padded_columns``), on CPUs.
     Off by default until measured on models.
+    ``pad_conv_columns``: where ``pad_columns`` is off, ungrouped convolutions whose output channels
+    pad to the vector width for at most 1/32 more of them (a SqueezeNet's 1000-channel classifier;
+    ``padded_columns.nearly_free``) computed padded all the same, on CPUs. On by default.
     ``concat_copies``: concatenations that fusion leaves alone as one vectorizable copy per input
     into its slice of the output (``concat``) instead of TVM's per-element choice of input, on CPUs.
     Off by default: faster as kernels, not yet inside models.
@@ -69,6 +72,7 @@ class Lowering:
     pad_attention: bool = True
     pad_rows: bool = True
     pad_columns: bool = False
+    pad_conv_columns: bool = True
     concat_copies: bool = False
     split_concats: bool = False
 
@@ -92,10 +96,14 @@ class Lowering:
 
     def as_tuned(self, note: dict) -> Lowering:
         """This lowering as a model's last tune used it (its ``note``): ``auto`` Winograd that the
-        tune's trial cap turned off (``for_budget``) stays off, so that its tasks are the tuned ones."""
+        tune's trial cap turned off (``for_budget``) stays off, and so do padded convolution columns
+        where the tune did not pad them, so that its tasks are the tuned ones."""
+        tuned = self
         if self.winograd == "auto" and note.get("winograd") == "off":
-            return dataclasses.replace(self, winograd="off")
-        return self
+            tuned = dataclasses.replace(tuned, winograd="off")
+        if self.pad_conv_columns and not note.get("pad_conv_columns", False):  # tuned before it, or without
+            tuned = dataclasses.replace(tuned, pad_conv_columns=False)
+        return tuned
 
     def _laid_out(self, mod: tvm.IRModule, target: Target) -> tvm.IRModule:
         """``lower``'s steps before legalization (under ``with target``): the convolutions in their layout."""
@@ -150,9 +158,10 @@ class Lowering:
                 rules.update(padded_rows.legalizations())
             if self.winograd != "off" and cpu:
                 rules["relax.nn.conv2d"] = winograd_legalization(self.winograd, rules["relax.nn.conv2d"])
-            if self.pad_columns and cpu:
+            if (self.pad_columns or self.pad_conv_columns) and cpu:
                 inner = rules.get("relax.matmul") or tvm.ir.Op.get("relax.matmul").get_attr("FLegalize")
-                rules.update(padded_columns.legalizations(inner, rules["relax.nn.conv2d"]))
+                rules.update(padded_columns.legalizations(inner, rules["relax.nn.conv2d"],
+                                                          only_nearly_free=not self.pad_columns))
             mod = relax.transform.LegalizeOps(rules)(mod)
             fused = relax.get_pipeline("zero")(mod)
             if self.concat_copies and cpu:
