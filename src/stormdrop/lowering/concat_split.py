@@ -131,7 +131,7 @@ def split(mod: tvm.IRModule) -> tvm.IRModule:
                 self.parts[var] = pooled
                 self.set_var_remap(var, self.builder_.emit(relax.op.concat(pooled, axis=3)))
                 return
-            if var in self.plan.split and var not in self.plan.pushed:
+            if var in self.plan.split:  # (a pushed pool returned above)
                 self.parts[var] = [self.visit_expr(x) for x in _channel_concat(value)]
             data = value.args[0] if _op(value) == "relax.nn.conv2d" else None
             if data is not None and data in self.parts:
