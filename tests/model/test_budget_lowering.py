@@ -27,9 +27,14 @@ def conv48(tmp_path) -> str:
          helper.make_node("Relu", ["c"], ["output"])], "conv48",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 28, 28])],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 48, 28, 28])], initializer=[w, w1])
+    return _saved(graph, tmp_path)
+
+
+def _saved(graph, tmp_path) -> str:
+    """``graph`` as an opset-17 ONNX file in ``tmp_path``, named after it; its path."""
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    path = str(tmp_path / "conv48.onnx")
+    path = str(tmp_path / f"{graph.name}.onnx")
     onnx.save(model, path)
     return path
 
@@ -172,10 +177,7 @@ def test_bench_builds_a_model_as_tuned_with_or_without_padded_convolution_column
         [helper.make_node("Conv", ["input", "w"], ["c"], kernel_shape=[1, 1]), helper.make_node("Relu", ["c"], ["output"])],
         "head", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 16, 4, 4])],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 1000, 4, 4])], initializer=[w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path = str(tmp_path / "head.onnx")
-    onnx.save(model, path)
+    path = _saved(graph, tmp_path)
     padded = Lowering(pad_conv_columns=True)
     for pad in (False, True):
         db_path = tmp_path / f"pad{pad}.db"

@@ -24,6 +24,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from stormdrop.lowering.layout import static_shape
+
 MULTIPLE = 16  # lanes of an AVX-512 float32 vector, two AVX2 vectors
 MIN_LENGTH = 64  # below, padding to MULTIPLE costs over a quarter more work
 MASK = -1e30  # finite: with any score it stays far below the row's maximum
@@ -36,16 +38,6 @@ def padded(length: int) -> int:
     if length < MIN_LENGTH or length % MULTIPLE == 0:
         return length
     return -(-length // MULTIPLE) * MULTIPLE
-
-
-def _shape(expr: Any) -> list[int] | None:
-    shape = getattr(expr.ty, "shape", None)
-    if shape is None or not hasattr(shape, "values"):
-        return None
-    try:
-        return [int(v) for v in shape.values]
-    except TypeError:  # symbolic
-        return None
 
 
 def _pad(expr: Any, shape: list[int], targets: dict[int, int], value: float = 0.0) -> Any:
@@ -113,14 +105,14 @@ class _Pad(relax.PyExprMutator):
         return None
 
     def rewrite(self, pv: Any, probs: Any, chain: list, qk: Any) -> Any:
-        scores = _shape(probs)
-        v_shape, q_shape, k_shape = _shape(pv.args[1]), _shape(qk.args[0]), _shape(qk.args[1])
+        scores = static_shape(probs)
+        v_shape, q_shape, k_shape = static_shape(pv.args[1]), static_shape(qk.args[0]), static_shape(qk.args[1])
         if None in (scores, v_shape, q_shape, k_shape) or len(scores) < 2:
             return pv
         if int(probs.attrs.axis) not in (-1, len(scores) - 1) or str(probs.ty.dtype) != "float32":
             return pv
         s, t = scores[-2:]
-        if _shape(qk) is None or _shape(qk)[-2:] != [s, t] or q_shape[-2] != s or k_shape[-1] != t:
+        if static_shape(qk) is None or static_shape(qk)[-2:] != [s, t] or q_shape[-2] != s or k_shape[-1] != t:
             return pv
         sp, tp = padded(s), padded(t)
         if (sp, tp) == (s, t):
@@ -130,7 +122,7 @@ class _Pad(relax.PyExprMutator):
         for node, side in chain:
             args = list(node.args)
             other = 1 - side
-            shape = _shape(args[other])
+            shape = static_shape(args[other])
             if shape is None:
                 return pv
             one = node.op.name == "relax.divide" and other == 1

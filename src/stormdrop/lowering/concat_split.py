@@ -24,6 +24,8 @@ import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 
+from stormdrop.lowering.layout import static_shape
+
 MAX_INPUTS = 4  # more parts than this: the kernels' own overheads add up
 _POOLS = ("relax.nn.max_pool2d", "relax.nn.avg_pool2d")
 
@@ -34,14 +36,7 @@ def _op(value: Any) -> str:
 
 def _shape(expr: Any) -> list[int] | None:
     """A float32 tensor's static shape, else ``None``."""
-    ty = expr.ty
-    shape = getattr(ty, "shape", None)
-    if shape is None or not hasattr(shape, "values") or str(getattr(ty, "dtype", "")) != "float32":
-        return None
-    try:
-        return [int(v) for v in shape.values]
-    except TypeError:  # symbolic
-        return None
+    return static_shape(expr) if str(getattr(expr.ty, "dtype", "")) == "float32" else None
 
 
 def _channel_concat(value: Any) -> list[Any] | None:
@@ -103,11 +98,10 @@ class _Plan:
             return False
         partials = 0
         for u in uses:
-            value = self.bindings.get(u)
-            if value is None or not isinstance(u, relax.DataflowVar) or not _splittable_conv(value, var) \
-                    or _shape(u) is None:
+            value, out = self.bindings.get(u), _shape(u)
+            if value is None or out is None or not isinstance(u, relax.DataflowVar) or not _splittable_conv(value, var):
                 return False
-            partials += (len(inputs) - 1) * int(np.prod(_shape(u)))
+            partials += (len(inputs) - 1) * int(np.prod(out))
         return 2 * partials <= int(np.prod(concat))
 
 
@@ -124,15 +118,15 @@ def split(mod: tvm.IRModule) -> tvm.IRModule:
 
         def visit_var_binding_(self, binding: Any) -> None:
             var, value = binding.var, binding.value
+            # a split concatenation (or pool) is not emitted: every user of it is a convolution split below
             if var in self.plan.pushed:
                 concat = self.plan.bindings[value.args[0]]
-                pooled = [self.builder_.emit(relax.Call(value.op, [self.visit_expr(x)], value.attrs))
-                          for x in _channel_concat(concat)]
-                self.parts[var] = pooled
-                self.set_var_remap(var, self.builder_.emit(relax.op.concat(pooled, axis=3)))
+                self.parts[var] = [self.builder_.emit(relax.Call(value.op, [self.visit_expr(x)], value.attrs))
+                                   for x in _channel_concat(concat)]
                 return
-            if var in self.plan.split:  # (a pushed pool returned above)
+            if var in self.plan.split:
                 self.parts[var] = [self.visit_expr(x) for x in _channel_concat(value)]
+                return
             data = value.args[0] if _op(value) == "relax.nn.conv2d" else None
             if data is not None and data in self.parts:
                 self.set_var_remap(var, self._partial_sums(value, self.parts[data]))

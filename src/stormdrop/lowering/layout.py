@@ -140,6 +140,17 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
                       attrs.dilation, primfunc_name_hint="depthwise_conv2d_NCHWc")
 
 
+def static_shape(expr: Any) -> list[int] | None:
+    """The static shape of a Relax tensor expression, else ``None`` (no shape, or a symbolic one)."""
+    shape = getattr(expr.ty, "shape", None)
+    if shape is None or not hasattr(shape, "values"):
+        return None
+    try:
+        return [int(v) for v in shape.values]
+    except TypeError:  # symbolic
+        return None
+
+
 def op_calls(func: relax.Function) -> list[relax.Call]:
     """Every call of a Relax operator in ``func``, in post order."""
     calls: list[relax.Call] = []
