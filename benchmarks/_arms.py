@@ -82,7 +82,7 @@ LOWERING_SWITCHES = {
                     "vector width computed over zero-weight columns"),
     "pad_conv_columns": ("unpadded_conv_columns", "convolutions whose channel count pads to the vector width for "
                          "at most 1/32 more channels computed over zero-weight channels"),
-    "concat_copies": ("concat_copies", "concatenations alone as one copy per input"),
+    "concat_copies": ("select_concat", "concatenations alone as one copy per input"),
     "split_concats": ("split_concats", "channel concatenations that feed only convolutions computed as partial "
                       "convolutions of their inputs"),
 }

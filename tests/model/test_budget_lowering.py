@@ -187,3 +187,44 @@ def test_bench_builds_a_model_as_tuned_with_or_without_padded_convolution_column
             bench = bench_model(path, db=db, lowering=padded)
         assert sorted(r.name for r in bench.tasks) == sorted(t.name for t in result.tasks), pad
         assert all(r.latency_s is not None for r in bench.tasks)
+
+
+@pytest.mark.slow
+def test_bench_builds_a_model_as_tuned_with_or_without_concatenations_as_copies(tmp_path):
+    """Two convolutions concatenated, a kernel of its own (a third convolution reads it), tuned with
+    TVM's concatenation (as every tune before ``Lowering.concat_copies`` was on by default): `bench`
+    with copies on compiles the concatenation that was tuned; a tune with them notes so, and its
+    concatenation is the copies."""
+    from stormdrop.lowering.pipeline import Lowering
+    from stormdrop.model.bench import bench_model
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array((rng.standard_normal(s) * 0.2).astype("float32"), n)
+               for n, s in (("a", (16, 8, 1, 1)), ("b", (16, 8, 3, 3)), ("c", (8, 32, 1, 1)))]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["input", "a"], ["pa"], kernel_shape=[1, 1]),
+         helper.make_node("Conv", ["input", "b"], ["pb"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+         helper.make_node("Concat", ["pa", "pb"], ["cat"], axis=1),
+         helper.make_node("Conv", ["cat", "c"], ["output"], kernel_shape=[1, 1])], "fire",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 8, 6, 6])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 8, 6, 6])], initializer=weights)
+    path = _saved(graph, tmp_path)
+    model, target = load_model(path), host_target()
+
+    def concatenation(copies: bool):
+        _, tasks = extract_tasks(model, target, Lowering(concat_copies=copies))
+        found = [k.mod for k, _ in tasks if k.name.startswith("concatenate")]
+        assert len(found) == 1, [k.name for k, _ in tasks]
+        return found[0]
+
+    assert Lowering().concat_copies
+    for copies in (False, True):
+        db_path = tmp_path / f"copies{copies}.db"
+        result = tune_model(path, ModelOptions(trials=8, seed=0, lowering=Lowering(concat_copies=copies)), db=db_path)
+        with Database(db_path) as db:
+            assert db.model_notes()[model.name]["concat_copies"] == copies
+            assert db.find_workload(concatenation(copies)) is not None
+            assert db.find_workload(concatenation(not copies)) is None
+            bench = bench_model(path, db=db)  # the default lowering: copies on
+        assert sorted(r.name for r in bench.tasks) == sorted(t.name for t in result.tasks), copies
+        assert all(r.latency_s is not None for r in bench.tasks), copies

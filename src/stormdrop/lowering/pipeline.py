@@ -59,7 +59,7 @@ class Lowering:
     ``padded_columns.nearly_free``) computed padded all the same, on CPUs. On by default.
     ``concat_copies``: concatenations that fusion leaves alone as one vectorizable copy per input
     into its slice of the output (``concat``) instead of TVM's per-element choice of input, on CPUs.
-    Off by default: faster as kernels, not yet inside models.
+    On by default.
     ``split_concats``: channel concatenations that feed only convolutions (a SqueezeNet's fire
     modules) computed as partial convolutions of their inputs, summed (``concat_split``), on CPUs.
     """
@@ -73,7 +73,7 @@ class Lowering:
     pad_rows: bool = True
     pad_columns: bool = False
     pad_conv_columns: bool = True
-    concat_copies: bool = False
+    concat_copies: bool = True
     split_concats: bool = False
 
     def __post_init__(self) -> None:
@@ -97,12 +97,15 @@ class Lowering:
     def as_tuned(self, note: dict) -> Lowering:
         """This lowering as a model's last tune used it (its ``note``): ``auto`` Winograd that the
         tune's trial cap turned off (``for_budget``) stays off, and so do padded convolution columns
-        where the tune did not pad them, so that its tasks are the tuned ones."""
+        and concatenations as copies where the tune did without them (or was before them), so that
+        its tasks are the tuned ones."""
         tuned = self
         if self.winograd == "auto" and note.get("winograd") == "off":
             tuned = dataclasses.replace(tuned, winograd="off")
         if self.pad_conv_columns and not note.get("pad_conv_columns", False):  # tuned before it, or without
             tuned = dataclasses.replace(tuned, pad_conv_columns=False)
+        if self.concat_copies and not note.get("concat_copies", False):
+            tuned = dataclasses.replace(tuned, concat_copies=False)
         return tuned
 
     def _laid_out(self, mod: tvm.IRModule, target: Target) -> tvm.IRModule:

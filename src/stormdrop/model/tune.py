@@ -231,7 +231,7 @@ def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = 
                 gateway.make_references()  # every task's, side by side
                 stages["set_up"] = time.monotonic() - start - stages["tasks"]
                 note = {"target": canonical(tgt), "started_at": started_at, "winograd": lowering.winograd,
-                        "pad_conv_columns": lowering.pad_conv_columns,
+                        "pad_conv_columns": lowering.pad_conv_columns, "concat_copies": lowering.concat_copies,
                         "tasks": [{"workload_id": s.entry.workload_id, "name": k.name, "weight": w}
                                   for s, (k, w) in zip(sessions, tasks)]}
                 database.note_model(model.name, note)  # a killed run's report knows its tasks too
