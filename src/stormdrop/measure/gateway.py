@@ -34,6 +34,7 @@ from stormdrop.measure.config import SLOW_BUILD_AFTER, MeasureConfig
 from stormdrop.measure.costs import MeasureCosts, batch_s
 from stormdrop.measure.memory import process_rss_mb, runner_memory_limit_mb
 from stormdrop.measure.reference import reference_function, reference_groups
+from stormdrop.measure.streaming import streams_weights
 from stormdrop.measure.timing_lock import timing
 from stormdrop.measure.tracker import devices_to_start, free_devices
 from stormdrop.measure.workers import DeviceGone, Runner, Worker
@@ -56,6 +57,7 @@ class Gateway:
         self._looked = time.monotonic()  # when the tracker was last asked for free devices
         self._workdir = tempfile.mkdtemp(prefix="stormdrop-")
         self._workloads: dict[str, tuple[str, int]] = {}
+        self._warm: set[str] = set()  # keys timed warm under cache_flush: they stream their weights
         self._counter = 0
         self.costs = MeasureCosts()  # the builds' own seconds (no start-up, no queue), the runs'
         for w in (*self._builders, *(r.worker for r in self._runners)):
@@ -63,7 +65,11 @@ class Gateway:
 
     def prepare(self, key: str, workload: tvm.IRModule, seed: int = 0) -> None:
         """Take a workload (once per key): its inputs and reference outputs are made before its
-        first candidate is timed, or by ``make_references``."""
+        first candidate is timed, or by ``make_references``. One that streams its weights is timed
+        warm even where the config flushes the caches (``streaming``)."""
+        if key not in self._workloads and self.config.cache_flush and self.config.warm_streams \
+                and streams_weights(workload):
+            self._warm.add(key)
         self._workloads.setdefault(key, (tvm.ir.save_json(workload), seed))
 
     def make_references(self, keys: Sequence[str] | None = None) -> None:
@@ -239,8 +245,8 @@ class Gateway:
 
     def _run_payload(self, key: str, built: dict) -> tuple:
         cfg = self.config
-        return (key, built, cfg.number, cfg.repeat, cfg.min_repeat_ms, bool(cfg.cache_flush), cfg.check_correctness,
-                cfg.warmup_ms)
+        cold = bool(cfg.cache_flush) and key not in self._warm
+        return (key, built, cfg.number, cfg.repeat, cfg.min_repeat_ms, cold, cfg.check_correctness, cfg.warmup_ms)
 
     def _run(self, key: str, built: dict) -> MeasureResult:
         cfg, runner = self.config, self._runners[0]
