@@ -228,3 +228,29 @@ def test_bench_builds_a_model_as_tuned_with_or_without_concatenations_as_copies(
             bench = bench_model(path, db=db)  # the default lowering: copies on
         assert sorted(r.name for r in bench.tasks) == sorted(t.name for t in result.tasks), copies
         assert all(r.latency_s is not None for r in bench.tasks), copies
+
+
+@pytest.mark.slow
+def test_a_trial_cap_below_the_task_count_still_gives_every_task_a_schedule(tmp_path, caplog):
+    """Four tasks under --trials 2: the cap is raised to four (a warning says so), and no task is
+    left a naive loop nest."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array((rng.standard_normal(s) * 0.2).astype("float32"), n)
+               for n, s in (("a", (16, 8, 3, 3)), ("b", (8, 16, 1, 1)))]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["input", "a"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["r"]), helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2],
+                                                                  strides=[2, 2]),
+         helper.make_node("Conv", ["p", "b"], ["d"], kernel_shape=[1, 1]),
+         helper.make_node("GlobalAveragePool", ["d"], ["output"])], "four",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 8, 1, 1])], initializer=weights)
+    path = _saved(graph, tmp_path)
+    with caplog.at_level("WARNING", logger="stormdrop"):
+        result = tune_model(path, ModelOptions(trials=2, seed=0), db=tmp_path / "c.db")
+    assert len(result.tasks) >= 3, [t.name for t in result.tasks]
+    assert all(t.latency_s is not None for t in result.tasks), [(t.name, t.latency_s) for t in result.tasks]
+    measured = sum(t.trials["reuse"] + t.trials["storm"] + t.trials["raindrop"] + t.trials["failed"] for t in result.tasks)
+    assert measured == len(result.tasks)  # one each: the raised cap, no more
+    told = [r.getMessage() for r in caplog.records if "--trials 2 cannot give" in r.getMessage()]
+    assert len(told) == 1 and f"raised to {len(result.tasks)}" in told[0], told

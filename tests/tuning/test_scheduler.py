@@ -361,3 +361,12 @@ def test_the_warm_up_takes_the_heaviest_tasks_first(monkeypatch):
         driver.drive([Recorded(s) for s in sessions], sessions, [1, 1, 1], budget.Budget(trials=100),
                      warm_up=warm_up)
         assert [sessions.index(s) for s in order] == want, warm_up
+
+
+def test_a_model_trial_cap_is_raised_to_give_every_task_without_a_schedule_one_trial():
+    from stormdrop.tuning.budget import cap_reaching_every_task
+
+    assert cap_reaching_every_task(128, 0, 189) == 189  # a 189-task network under --trials 128
+    assert cap_reaching_every_task(128, 0, 100) == 128  # enough: the cap stays
+    assert cap_reaching_every_task(10, 8, 5) == 13  # a resumed run: 8 spent, 5 tasks still without one
+    assert cap_reaching_every_task(10, 8, 0) == 10 and cap_reaching_every_task(None, 0, 5) is None

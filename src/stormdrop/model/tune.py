@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -46,6 +47,7 @@ from stormdrop.storage.identity import block_names
 from stormdrop.target import canonical, parse_target
 from stormdrop.tuning.budget import (
     Budget,
+    cap_reaching_every_task,
     first_batch_size,
     lead_batch,
     model_compiles,
@@ -199,6 +201,18 @@ def _databases(db: Any, reuse_from: Sequence[str], target: Target, hub: bool | s
             yield database, donors, extracted
 
 
+def _reaching_every_task(trials: int | None, sessions: Sequence[TaskSession]) -> int | None:
+    """``trials``, raised (with a warning) to what gives every task without a schedule one trial
+    (``cap_reaching_every_task``)."""
+    unreached = sum(not math.isfinite(s.best) for s in sessions)
+    raised = cap_reaching_every_task(trials, sum(s.spent() for s in sessions), unreached)
+    if raised != trials:
+        log.warning("--trials %s cannot give each of the model's %d tasks without a schedule a trial: raised to %s "
+                    "(a task left untuned runs as a naive loop nest, often slower than the rest of the model)",
+                    trials, unreached, raised)
+    return raised
+
+
 def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = None, db: Any = None) -> ModelResult:
     """Tune every task of a model as ``options`` say (``ModelOptions``; default: 1000 trials in
     all, 128 per task) on ``target`` (default: the host CPU), storing in ``db`` (a path or an open
@@ -235,6 +249,7 @@ def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = 
                         "tasks": [{"workload_id": s.entry.workload_id, "name": k.name, "weight": w}
                                   for s, (k, w) in zip(sessions, tasks)]}
                 database.note_model(model.name, note)  # a killed run's report knows its tasks too
+                trials = _reaching_every_task(trials, sessions)
                 first = first_batch_size(trials, len(tasks), search.storm.batch_size)
                 storm_trials = storm_share(trials, len(tasks), trials_per_task, first)
                 leads = [lead_batch(first, n, search.storm.batch_size, search.storm.lead_samples)

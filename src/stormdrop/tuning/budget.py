@@ -100,6 +100,17 @@ def measurer_candidate_s(measurer: object) -> float:
     return measurer.batch_s(builders) / builders
 
 
+def cap_reaching_every_task(trials: int | None, used: int, unreached: int) -> int | None:
+    """A model's global trial cap, raised where it cannot give each of the ``unreached`` tasks (no
+    schedule stored yet) one trial after the ``used`` ones of earlier runs: a task left without a
+    schedule runs as a naive loop nest, often slower than the rest of the model together, so a cap
+    that small would buy a model many times slower than an untuned runtime for a few trials
+    saved. ``trials`` itself otherwise (None: no cap)."""
+    if trials is None or trials >= used + unreached:
+        return trials
+    return used + unreached
+
+
 def first_batch_size(trials: int | None, num_tasks: int, batch: int) -> int | None:
     """A smaller first batch per task when the budget cannot give every task a full one: half
     of each task's share of ``trials`` (at least one), the other half left for its raindrop
