@@ -6,7 +6,10 @@
   (``measure.workers.child_entry``).
 - TVM's CPU runtime starts ``hardware_concurrency / 2`` threads on x86 (one on
   a 2-core machine), whatever the target's ``num-cores`` says; the count is read
-  from ``TVM_NUM_THREADS`` when the thread pool starts (``runtime_threads_env``).
+  from ``TVM_NUM_THREADS`` when the thread pool starts (``runtime_threads_env``). Without it
+  (nor ``OMP_NUM_THREADS``), every parallel launch also re-reads the CPU count from
+  ``/sys/devices/system/cpu/online`` (``MaxConcurrency`` calls glibc's ``get_nprocs``): three
+  system calls per kernel call, longer than a small kernel itself on a virtual machine.
 - ``VMExecutable.export_library`` logs ``Warning: Scope Saving:`` from C++ once per
   saved item (a few hundred lines for ResNet-18) straight to file descriptor 2:
   ``export_library`` runs it with those lines filtered out of stderr.
