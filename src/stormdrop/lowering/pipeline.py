@@ -32,6 +32,9 @@ from stormdrop.lowering.winograd import legalization as winograd_legalization
 from stormdrop.tvm_compat.intrinsics import load_tensor_intrinsics
 from stormdrop.tvm_compat.relax_passes import combine_parallel_matmuls
 
+# switches a tune notes (``Lowering.noted``): a note without one was of a tune before it
+NOTED_SWITCHES = ("pad_conv_columns", "concat_copies")
+
 
 @dataclass(frozen=True)
 class Lowering:
@@ -99,14 +102,15 @@ class Lowering:
         tune's trial cap turned off (``for_budget``) stays off, and so do padded convolution columns
         and concatenations as copies where the tune did without them (or was before them), so that
         its tasks are the tuned ones."""
-        tuned = self
+        off = {name: False for name in NOTED_SWITCHES  # tuned before the switch, or without it
+               if getattr(self, name) and not note.get(name, False)}
         if self.winograd == "auto" and note.get("winograd") == "off":
-            tuned = dataclasses.replace(tuned, winograd="off")
-        if self.pad_conv_columns and not note.get("pad_conv_columns", False):  # tuned before it, or without
-            tuned = dataclasses.replace(tuned, pad_conv_columns=False)
-        if self.concat_copies and not note.get("concat_copies", False):
-            tuned = dataclasses.replace(tuned, concat_copies=False)
-        return tuned
+            off["winograd"] = "off"
+        return dataclasses.replace(self, **off) if off else self
+
+    def noted(self) -> dict:
+        """What a model's tune notes of this lowering, for ``as_tuned`` to read back."""
+        return {"winograd": self.winograd, **{name: getattr(self, name) for name in NOTED_SWITCHES}}
 
     def _laid_out(self, mod: tvm.IRModule, target: Target) -> tvm.IRModule:
         """``lower``'s steps before legalization (under ``with target``): the convolutions in their layout."""

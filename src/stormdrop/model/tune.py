@@ -201,11 +201,11 @@ def _databases(db: Any, reuse_from: Sequence[str], target: Target, hub: bool | s
             yield database, donors, extracted
 
 
-def _reaching_every_task(trials: int | None, sessions: Sequence[TaskSession]) -> int | None:
+def _reaching_every_task(trials: int | None, used: int, sessions: Sequence[TaskSession]) -> int | None:
     """``trials``, raised (with a warning) to what gives every task without a schedule one trial
-    (``cap_reaching_every_task``)."""
+    after the ``used`` ones of earlier runs (``cap_reaching_every_task``)."""
     unreached = sum(not math.isfinite(s.best) for s in sessions)
-    raised = cap_reaching_every_task(trials, sum(s.spent() for s in sessions), unreached)
+    raised = cap_reaching_every_task(trials, used, unreached)
     if raised != trials:
         log.warning("--trials %s cannot give each of the model's %d tasks without a schedule a trial: raised to %s "
                     "(a task left untuned runs as a naive loop nest, often slower than the rest of the model)",
@@ -244,12 +244,14 @@ def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = 
                 sessions = [TaskSession(database, gateway, k, tgt, seed) for k, _ in tasks]
                 gateway.make_references()  # every task's, side by side
                 stages["set_up"] = time.monotonic() - start - stages["tasks"]
-                note = {"target": canonical(tgt), "started_at": started_at, "winograd": lowering.winograd,
-                        "pad_conv_columns": lowering.pad_conv_columns, "concat_copies": lowering.concat_copies,
+                note = {"target": canonical(tgt), "started_at": started_at, **lowering.noted(),
                         "tasks": [{"workload_id": s.entry.workload_id, "name": k.name, "weight": w}
                                   for s, (k, w) in zip(sessions, tasks)]}
                 database.note_model(model.name, note)  # a killed run's report knows its tasks too
-                trials = _reaching_every_task(trials, sessions)
+                # the ledger: --trials counts what earlier runs measured on these tasks too, so that a
+                # killed and resumed run measures no more than an uninterrupted one
+                used = sum(s.spent() for s in sessions)
+                trials = _reaching_every_task(trials, used, sessions)
                 first = first_batch_size(trials, len(tasks), search.storm.batch_size)
                 storm_trials = storm_share(trials, len(tasks), trials_per_task, first)
                 leads = [lead_batch(first, n, search.storm.batch_size, search.storm.lead_samples)
@@ -257,9 +259,6 @@ def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = 
                 tuners = [TaskTuner(s, trials=storm_trials, exploit_trials=trials_per_task - storm_trials, search=search,
                                     first_batch=first, lead_batch=lead, donor_dbs=donor_dbs)
                           for s, lead in zip(sessions, leads)]
-                # the ledger: --trials counts what earlier runs measured on these tasks too, so that a
-                # killed and resumed run measures no more than an uninterrupted one
-                used = sum(s.spent() for s in sessions)
                 # no global cap and no time budget: the per-task caps bound the run
                 cap = float("inf") if trials is None else trials
                 shown_cap = cap if trials is not None or opts.time_budget else trials_per_task * len(tasks)
