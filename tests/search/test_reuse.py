@@ -366,6 +366,42 @@ def test_with_a_prior_reuse_measures_the_nearest_donors_best_then_what_the_prior
     nearest = next(k for k in keys if k != ranked[0][-1])
     assert nearest not in ranked[0]  # ... and the nearest donor's best, never ranked out
     ranked.clear()
-    plain = reused(tmp_path / "plain.db")  # the default: transfer_pool=1
+    plain = reused(tmp_path / "plain.db")  # the default: donor order, no ranking
     assert ranked == [] and len(plain) == 2 and nearest in plain
+
+
+@pytest.mark.slow
+def test_with_a_prior_reuse_measures_the_transfers_the_prior_scores_fastest(tmp_path, monkeypatch):
+    """transfer_ranked=8: reuse transfers from the nearest donors, their best records
+    and their decisions in each sketch, until it holds 8 candidates, and measures the ones the prior
+    scores fastest, not the nearest donor's first (off by default: docs/guide.md)."""
+    from stormdrop.records import MeasureResult, Record
+    from stormdrop.search.cost_model import CostModel
+    from stormdrop.search.space import Candidate
+    from stormdrop.search.storm import StormConfig
+    from stormdrop.target import canonical
+
+    ranked = []
+
+    def predict(self, cands, learn=True):
+        ranked.append([c.key for c in cands])
+        return [float(i) for i in range(len(cands))]  # the last one the fastest
+
+    monkeypatch.setattr(CostModel, "predict", predict)
+    db = tmp_path / "d.db"
+    with Database(db) as d:
+        for shape in ("M=64,N=64,K=64", "M=32,N=64,K=96", "M=96,N=48,K=64"):
+            k = parse_kernel(f"matmul:{shape}")
+            entry = d.commit_workload(k.mod, name=k.name, op_class=k.op_class, flops=k.flops)
+            sch = make_context(k.mod, host_target(), seed=0).generate_design_space()[0]
+            cand = Candidate.from_schedule(sch, Phase.STORM)
+            d.commit_record(Record(entry.workload_id, canonical(host_target()), cand.key, cand.trace_json, "[]",
+                                   MeasureResult(run_secs=(1e-4,) * 3), Phase.STORM, 0.0))
+    search = SearchOptions(reuse=2, phases=(Phase.REUSE,), storm=StormConfig(transfer_ranked=8))
+    tune_kernel("matmul:M=48,N=80,K=64", KernelOptions(trials=2, exploit_trials=0, seed=0, search=search), db=db)
+    with Database(db) as d:
+        entry = d.find_workload(parse_kernel("matmul:M=48,N=80,K=64").mod)
+        keys = [r.candidate_key for r in d.records(entry.workload_id) if r.phase is Phase.REUSE]
+    assert len(ranked) == 1 and len(ranked[0]) > 2  # more transfers than the two measured
+    assert keys == ranked[0][-1:-3:-1]  # the two it scores fastest, fastest first
 

@@ -287,3 +287,16 @@ def chosen_transfers(groups: list[list[Candidate]], budget: int,
     scores = rank(rest)
     ranked = sorted(range(len(rest)), key=lambda i: -scores[i])
     return [groups[0][0], *(rest[i] for i in ranked)][:min(budget, len(groups))]
+
+
+def fastest_transfers(groups: list[list[Candidate]], budget: int, rank: Callable[[list[Candidate]], list[float]],
+                      exact: set[str] = frozenset()) -> list[Candidate]:
+    """At most ``budget`` of the transfers: those of this very workload (``exact``) first, then the
+    ones ``rank`` (cost-model scores, higher is faster) scores fastest; all of them, in donor order,
+    when the budget holds them."""
+    pool = [c for g in groups for c in g]
+    if len(pool) <= budget:
+        return pool
+    scores = rank(pool)
+    order = sorted(range(len(pool)), key=lambda i: (pool[i].key not in exact, -scores[i]))
+    return [pool[i] for i in order[:budget]]

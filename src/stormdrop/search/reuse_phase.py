@@ -40,7 +40,7 @@ class Reuse:
     def propose(self, limit: int | None = None) -> list[Candidate] | None:
         """The chosen transfers (at most ``limit``), or None: proposed already, no budget, or no
         donor whose schedules transfer."""
-        from stormdrop.search.reuse import chosen_transfers, transfers
+        from stormdrop.search.reuse import chosen_transfers, fastest_transfers, transfers
 
         if self.done:
             return None
@@ -51,14 +51,17 @@ class Reuse:
         cfg, sketches = self.config, self.sketches
         pool = max(1, cfg.transfer_pool) if self.model.ranks else 1
         in_sketches = cfg.transfer_sketches
+        ranked = cfg.transfer_ranked if self.model.ranks and in_sketches and pool == 1 else 0
         exact: set[str] = set()
         groups = transfers(self.db, self.entry, self.target_key, sketches.postprocs,
-                           limit=budget * pool, others=self.donors, per_donor=2 if pool > 1 else 1,
+                           limit=max(budget * pool, ranked), others=self.donors, per_donor=2 if pool > 1 else 1,
                            order=cfg.donor_order, spaces=sketches.spaces() if in_sketches else (),
-                           enough=budget if in_sketches and pool == 1 else 0, sketch_donors=cfg.sketch_donors, exact=exact,
-                           exact_sources=not cfg.hub_transfers)
+                           enough=max(budget, ranked) if in_sketches and pool == 1 else 0,
+                           sketch_donors=cfg.sketch_donors, exact=exact, exact_sources=not cfg.hub_transfers)
         if not groups:
             return None
+        if ranked:
+            return self._vetted(fastest_transfers(groups, budget, partial(self.model.predict, learn=False), exact), exact)
         rank = partial(self.model.predict, learn=False) if pool > 1 else None
         return self._vetted(chosen_transfers(groups, budget, rank, whole=in_sketches), exact)
 
