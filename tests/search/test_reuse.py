@@ -325,11 +325,8 @@ def test_with_a_prior_reuse_measures_the_nearest_donors_best_then_what_the_prior
     transferred; the nearest donor's best and the N - 1 transfers the prior ranks fastest are
     measured (no more than there are donors). The default, transfer_pool=1: the nearest donors'
     best records, in donor order, no ranking."""
-    from stormdrop.records import MeasureResult, Record
     from stormdrop.search.cost_model import CostModel
-    from stormdrop.search.space import Candidate
     from stormdrop.search.storm import StormConfig
-    from stormdrop.target import canonical
 
     ranked = []
 
@@ -338,16 +335,7 @@ def test_with_a_prior_reuse_measures_the_nearest_donors_best_then_what_the_prior
         return [float(i) for i in range(len(cands))]  # the last one the fastest
 
     monkeypatch.setattr(CostModel, "predict", predict)
-    db = tmp_path / "d.db"
-    with Database(db) as d:
-        for shape in ("M=64,N=64,K=64", "M=32,N=64,K=96", "M=96,N=48,K=64"):
-            k = parse_kernel(f"matmul:{shape}")
-            entry = d.commit_workload(k.mod, name=k.name, op_class=k.op_class, flops=k.flops)
-            for seed in (0, 1):  # two records: design-space samples, fake times
-                sch = make_context(k.mod, host_target(), seed=seed).generate_design_space()[0]
-                cand = Candidate.from_schedule(sch, Phase.STORM)
-                d.commit_record(Record(entry.workload_id, canonical(host_target()), cand.key, cand.trace_json, "[]",
-                                       MeasureResult(run_secs=(1e-4 * (1 + seed),) * 3), Phase.STORM, 0.0))
+    db = _three_matmul_donors(tmp_path / "d.db", seeds=(0, 1))
 
     def reused(path, storm=None):
         import shutil
@@ -375,11 +363,8 @@ def test_with_a_prior_reuse_measures_the_transfers_the_prior_scores_fastest(tmp_
     """transfer_ranked=8: reuse transfers from the nearest donors, their best records
     and their decisions in each sketch, until it holds 8 candidates, and measures the ones the prior
     scores fastest, not the nearest donor's first (off by default: docs/guide.md)."""
-    from stormdrop.records import MeasureResult, Record
     from stormdrop.search.cost_model import CostModel
-    from stormdrop.search.space import Candidate
     from stormdrop.search.storm import StormConfig
-    from stormdrop.target import canonical
 
     ranked = []
 
@@ -388,15 +373,7 @@ def test_with_a_prior_reuse_measures_the_transfers_the_prior_scores_fastest(tmp_
         return [float(i) for i in range(len(cands))]  # the last one the fastest
 
     monkeypatch.setattr(CostModel, "predict", predict)
-    db = tmp_path / "d.db"
-    with Database(db) as d:
-        for shape in ("M=64,N=64,K=64", "M=32,N=64,K=96", "M=96,N=48,K=64"):
-            k = parse_kernel(f"matmul:{shape}")
-            entry = d.commit_workload(k.mod, name=k.name, op_class=k.op_class, flops=k.flops)
-            sch = make_context(k.mod, host_target(), seed=0).generate_design_space()[0]
-            cand = Candidate.from_schedule(sch, Phase.STORM)
-            d.commit_record(Record(entry.workload_id, canonical(host_target()), cand.key, cand.trace_json, "[]",
-                                   MeasureResult(run_secs=(1e-4,) * 3), Phase.STORM, 0.0))
+    db = _three_matmul_donors(tmp_path / "d.db", seeds=(0,))
     search = SearchOptions(reuse=2, phases=(Phase.REUSE,), storm=StormConfig(transfer_ranked=8))
     tune_kernel("matmul:M=48,N=80,K=64", KernelOptions(trials=2, exploit_trials=0, seed=0, search=search), db=db)
     with Database(db) as d:
@@ -405,3 +382,21 @@ def test_with_a_prior_reuse_measures_the_transfers_the_prior_scores_fastest(tmp_
     assert len(ranked) == 1 and len(ranked[0]) > 2  # more transfers than the two measured
     assert keys == ranked[0][-1:-3:-1]  # the two it scores fastest, fastest first
 
+
+def _three_matmul_donors(db, seeds):
+    """A database of three matmul workloads, each with a record per seed (a design-space sample; the
+    seed-th one timed (1 + seed) x 0.1 ms)."""
+    from stormdrop.records import MeasureResult, Record
+    from stormdrop.search.space import Candidate
+    from stormdrop.target import canonical
+
+    with Database(db) as d:
+        for shape in ("M=64,N=64,K=64", "M=32,N=64,K=96", "M=96,N=48,K=64"):
+            k = parse_kernel(f"matmul:{shape}")
+            entry = d.commit_workload(k.mod, name=k.name, op_class=k.op_class, flops=k.flops)
+            for seed in seeds:
+                sch = make_context(k.mod, host_target(), seed=seed).generate_design_space()[0]
+                cand = Candidate.from_schedule(sch, Phase.STORM)
+                d.commit_record(Record(entry.workload_id, canonical(host_target()), cand.key, cand.trace_json, "[]",
+                                       MeasureResult(run_secs=(1e-4 * (1 + seed),) * 3), Phase.STORM, 0.0))
+    return db

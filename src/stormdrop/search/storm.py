@@ -81,9 +81,8 @@ class StormConfig:
     # nearest donors until it holds k candidates (each donor's best record as it transfers and its
     # decisions in each sketch) and measures the ones the prior scores fastest, the task's very
     # workload's first (the hub's, another database's); where the budget holds them all, all of
-    # them. Not the default: at 128 trials it found faster stored kernels on held out networks but
-    # the models were no faster (one of six slower), and it built the extra transfers in a fifth
-    # more search time (docs/guide.md "Reuse").
+    # them. Not the default: at 128 trials the held out networks were no faster (one slower), and
+    # building the extra transfers took more search time (docs/guide.md "Reuse").
     transfer_ranked: int = 0
     # With transfer_sketches: only the nearest k donors are moved into the sketches, the others
     # give their best as it transfers (0: every donor). On the pairs so far the sketches won where
