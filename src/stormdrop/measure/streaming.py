@@ -17,44 +17,30 @@ import math
 
 import tvm
 
+from stormdrop.workloads import estimate_flops, kernel_args
+
 MAX_FLOPS_PER_WEIGHT = 4  # each weight feeds at most two output rows' multiply-adds
-
-
-def _main(workload: tvm.IRModule) -> tvm.tirx.PrimFunc | None:
-    funcs = [f for f in workload.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
-    return funcs[0] if len(funcs) == 1 else None
 
 
 def weight_elements(workload: tvm.IRModule) -> int:
     """How many elements a kernel's weights hold: its buffers that a model fills with constants
     (``layout_free_buffers``, which a model's tasks carry on a CPU); 0 where it says of none."""
-    func = _main(workload)
-    if func is None or func.attrs is None or "layout_free_buffers" not in func.attrs:
-        return 0
-    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
-
     try:
-        args = ArgInfo.from_prim_func(func)
-    except Exception:  # noqa: BLE001 - an argument that is no buffer: no weights to count
+        attrs = workload["main"].attrs
+        shapes = [shape for _, shape, _ in kernel_args(workload)]
+    except (KeyError, TypeError, ValueError):  # no main function, or a symbolic dimension
         return 0
-    total = 0
-    for i in func.attrs["layout_free_buffers"]:
-        shape = args[int(i)].shape if 0 <= int(i) < len(args) else None
-        if shape is None or not all(isinstance(d, (int, tvm.tirx.IntImm)) for d in shape):
-            return 0
-        total += math.prod(int(d) for d in shape)
-    return total
+    if attrs is None or "layout_free_buffers" not in attrs:
+        return 0
+    picked = [int(i) for i in attrs["layout_free_buffers"]]
+    if not all(0 <= i < len(shapes) for i in picked):
+        return 0
+    return sum(math.prod(shapes[i]) for i in picked)
 
 
 def streams_weights(workload: tvm.IRModule) -> bool:
-    """Whether a kernel does at most ``MAX_FLOPS_PER_WEIGHT`` FLOPs per element of its weights."""
+    """Whether a kernel does at most ``MAX_FLOPS_PER_WEIGHT`` FLOPs per element of its weights
+    (a kernel TVM cannot count FLOPs of is timed as the others)."""
     weights = weight_elements(workload)
-    if weights == 0:
-        return False
-    from tvm.s_tir.analysis import estimate_tir_flops
-
-    try:
-        flops = float(estimate_tir_flops(workload))
-    except Exception:  # noqa: BLE001 - a kernel TVM cannot count: timed as the others
-        return False
-    return flops <= MAX_FLOPS_PER_WEIGHT * weights
+    flops = estimate_flops(workload) if weights else 0
+    return 0 < flops <= MAX_FLOPS_PER_WEIGHT * weights
