@@ -193,7 +193,9 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             in_model = {row.name: row.in_model_s for row in rows}
             if args.vm_ab:  # the same records, the VM interpreting the model's bytecode (the instrumented build)
                 timers["bytecode_vm"] = tvm_timer(ex_instrumented, inputs, target)
-                out["bytecode_vm"] = {"tuning_s": 0.0, "trials": 0}
+                out["bytecode_vm"] = {"tuning_s": 0.0, "trials": 0, "per_task": [
+                    {"name": row.name, "weight": row.weight, "latency_s": row.latency_s, "in_model_s": row.in_model_s}
+                    for row in rows]}
             timers["stormdrop"] = tvm_timer(ex, inputs, target)
             out["stormdrop"] = {"tuning_s": r.tuning_s, "wall_s": wall_s,  # tuning_s: up to the compiled model
                                 "tasks": len(r.tasks), "trials": sum(sum(t.trials.values()) - t.trials["failed"]
