@@ -31,9 +31,7 @@ _ARMS = {"cold_tuned": ("tuned with the caches flushed (--cache-flush", "tuned w
          "no_warm_up": ("tuned with candidates timed straight from idle (--warm-up ab", "warmed up",
                         "no warm-up / warm-up", False, "no warm-up"),
          "other_prior": ("tuned with the cost-model prior of --prior-ab", "with the shipped prior",
-                         "other prior / shipped", False, "other prior"),
-         "bytecode_vm": ("the same records, the VM interpreting the model's bytecode (--vm-ab; no tuning of its own",
-                         "with the compiled VM function", "bytecode / compiled", False, "bytecode VM")}
+                         "other prior / shipped", False, "other prior")}
 
 
 def fields(spec: str, defaults, flag: str) -> dict:

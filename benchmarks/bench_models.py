@@ -86,8 +86,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--measure-ab", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
                    help="also tune with these MeasureConfig fields changed (e.g. slow_build_factor=1e9), timed in "
                         "turns with the peers; repeatable, one arm each")
-    p.add_argument("--vm-ab", action="store_true", help="time the tuned model's build with the VM interpreting "
-                   "its bytecode too (the same records, no second tuning)")
     p.add_argument("--rounds", type=int, default=5,
                    help="latencies: median over this many rounds in which the peers take turns")
     p.add_argument("--seed", type=int, default=0)
@@ -185,17 +183,11 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             wall_s = time.monotonic() - t0  # with tune --model's own check (untuned build run, peers timed)
             with open_database(db_path) as db:
                 ex, rows = tuned_build(model, db, target, lowering)
-                ex_instrumented = tuned_build(model, db, target, lowering, instrumented=True)[0]
                 if args.in_model_candidates > 1:  # the A/B of the in-model choice: every task's best record
                     ex_best, _ = tuned_build(model, db, target, lowering, deployed=False)
                     timers["best_records"] = tvm_timer(ex_best, inputs, target)
-            task_times_in_model(ex_instrumented, inputs, target, rows)
+            task_times_in_model(ex, inputs, target, rows)
             in_model = {row.name: row.in_model_s for row in rows}
-            if args.vm_ab:  # the same records, the VM interpreting the model's bytecode (the instrumented build)
-                timers["bytecode_vm"] = tvm_timer(ex_instrumented, inputs, target)
-                out["bytecode_vm"] = {"tuning_s": 0.0, "trials": 0, "per_task": [
-                    {"name": row.name, "weight": row.weight, "latency_s": row.latency_s, "in_model_s": row.in_model_s}
-                    for row in rows]}
             timers["stormdrop"] = tvm_timer(ex, inputs, target)
             out["stormdrop"] = {"tuning_s": r.tuning_s, "wall_s": wall_s,  # tuning_s: up to the compiled model
                                 "tasks": len(r.tasks), "trials": sum(sum(t.trials.values()) - t.trials["failed"]
@@ -238,8 +230,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             ra = tune(arm_db, **arm)
             with open_database(arm_db) as db:
                 ex_arm, rows_arm = tuned_build(model, db, target, arm["lowering"])
-                task_times_in_model(tuned_build(model, db, target, arm["lowering"], instrumented=True)[0], inputs,
-                                    target, rows_arm)
+            task_times_in_model(ex_arm, inputs, target, rows_arm)
             timers[key] = tvm_timer(ex_arm, inputs, target)
             out[key] = {"tuning_s": ra.tuning_s, "trials": sum(sum(t.trials.values()) - t.trials["failed"]
                                                                for t in ra.tasks),

@@ -52,7 +52,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --prior-ab: that arm's StormConfig.prior_alone (bench_models.py)")
     p.add_argument("--storm-ab", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
                    help="also tune with these StormConfig fields changed (bench_models.py); repeatable")
-    p.add_argument("--vm-ab", action="store_true", help="time each tuned model with the VM interpreting its bytecode too")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/RESULTS.md")
@@ -83,8 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                                             + (["--prior-ab", args.prior_ab] if args.prior_ab else [])
                                             + (["--prior-ab-alone", str(args.prior_ab_alone)]
                                                if args.prior_ab_alone is not None else [])
-                                            + [a for spec in args.storm_ab for a in ("--storm-ab", spec)]
-                                            + (["--vm-ab"] if args.vm_ab else []))
+                                            + [a for spec in args.storm_ab for a in ("--storm-ab", spec)])
             r = bench_models.bench_one(model, margs, target)
             r = {k: ({kk: vv for kk, vv in v.items() if kk != "ex"} if isinstance(v, dict) else v) for k, v in r.items()}
             stem = os.path.splitext(os.path.basename(name))[0]  # an exported file's network

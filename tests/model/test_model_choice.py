@@ -44,13 +44,10 @@ def test_each_task_takes_its_fastest_candidate_in_place(fake_timing):
         kernel[picks, "conv_prepacked"], kernel[picks, "dense"], kernel[picks, "mean"] = conv, dense, 1e-6
     model[(0, 0, 0)], model[(2, 0, 0)] = 50e-6, 40e-6
     built = []
-    choice = choose(names, ranked, lambda picks, instrumented: built.append((tuple(picks), instrumented))
-                    or tuple(picks), {}, None, rounds=2)
+    choice = choose(names, ranked, lambda picks: built.append(tuple(picks)) or tuple(picks), {}, None, rounds=2)
     assert choice.picks == [2, 0, 0] and choice.changed == 1
     assert choice.executable == (2, 0, 0) and choice.best_s == 50e-6 and choice.chosen_s == 40e-6
-    # the rank-0 model as deployed, one instrumented build per rank (their kernels timed), the choice as deployed
-    assert built == [((0, 0, 0), False), ((0, 0, 0), True), ((1, 1, 0), True), ((2, 2, 0), True),
-                     ((2, 0, 0), False)]
+    assert built == [(0, 0, 0), (1, 1, 0), (2, 2, 0), (2, 0, 0)]  # one build per rank, one of the choice
     assert calls["kernel"] == 3 * 3  # every rank's build timed in a warm-up round and in each of the 2 rounds
 
 
@@ -58,7 +55,7 @@ def test_a_choice_slower_as_a_whole_model_is_not_deployed(fake_timing):
     kernel, model, _ = fake_timing
     kernel[(0,), "conv"], kernel[(1,), "conv"] = 30e-6, 20e-6
     model[(0,)], model[(1,)] = 50e-6, 55e-6  # the kernel alone looked faster, the model runs slower
-    choice = choose(["conv"], [cands(2)], lambda picks, instrumented: tuple(picks), {}, None)
+    choice = choose(["conv"], [cands(2)], tuple, {}, None)
     assert choice.picks == [0] and choice.executable == (0,)
     assert choice.best_s == 50e-6 and choice.chosen_s == 55e-6
 
@@ -66,11 +63,10 @@ def test_a_choice_slower_as_a_whole_model_is_not_deployed(fake_timing):
 def test_one_candidate_each_compiles_once_and_times_nothing(fake_timing):
     _, _, calls = fake_timing
     built = []
-    choice = choose(["a", "b"], [cands(1), []], lambda p, instrumented: built.append((p, instrumented)) or "ex",
-                    {}, None)
+    choice = choose(["a", "b"], [cands(1), []], lambda p: built.append(p) or "ex", {}, None)
     assert choice.picks == [0, 0] and choice.executable == "ex" and choice.chosen_s is None
-    assert built == [([0, 0], False)] and calls["kernel"] == 0
-    assert model_compiles(1) == 1 and model_compiles(3) == 5
+    assert built == [[0, 0]] and calls["kernel"] == 0
+    assert model_compiles(1) == 1 and model_compiles(3) == 4
 
 
 def test_records_that_failed_verification_are_never_candidates():

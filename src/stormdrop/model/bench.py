@@ -106,12 +106,10 @@ def _as_tuned(model: Model, db: Database, target: Target, lowering: Lowering) ->
 
 
 def tuned_build(model: Model, db: Database, target: Target, lowering: Lowering | None = None,
-                deployed: bool = True, tir_pipeline: str | None = None, instrumented: bool = False
-                ) -> tuple[Any, list[TaskRow]]:
+                deployed: bool = True, tir_pipeline: str | None = None) -> tuple[Any, list[TaskRow]]:
     """The model compiled with every task's deployed record (``deployed_keys``; ``deployed=False``
     or none noted: the best stored one that stormdrop checked, never an unchecked import), and one row per
-    task (``lowering``: as the model was tuned; ``tir_pipeline``, ``instrumented``: as ``compile_model``
-    takes them)."""
+    task (``lowering``: as the model was tuned; ``tir_pipeline``: as ``compile_model`` takes it)."""
     key = canonical(target)
     fused, tasks = _as_tuned(model, db, target, lowering or Lowering())
     chosen = deployed_keys(db, model.name, key) if deployed else {}
@@ -138,12 +136,12 @@ def tuned_build(model: Model, db: Database, target: Target, lowering: Lowering |
     if unchecked:
         log.warning("%s: %d task(s) hold only imported records, never checked by stormdrop: compiled "
                     "with TVM's default schedule (`stormdrop tune --model` checks them)", model.name, unchecked)
-    return compile_model(fused, mdb, target, tir_pipeline, instrumented=instrumented), rows
+    return compile_model(fused, mdb, target, tir_pipeline), rows
 
 
 def task_times_in_model(ex: Any, inputs: dict, target: Target, rows: list[TaskRow]) -> None:
-    """Fill each row's ``in_model_s``: its kernel's time in one run of the model compiled
-    ``instrumented`` (``model.run.task_times``)."""
+    """Fill each row's ``in_model_s``: its kernel's time in one run of the compiled model
+    (``model.run.task_times``)."""
     times = task_times(ex, inputs, target)
     for r in rows:
         r.in_model_s = times.get(r.name)
@@ -162,7 +160,7 @@ def bench_model(spec: Any, *, db: Database, target: Any = None, seed: int = 0, l
     ex, result.tasks = tuned_build(model, db, tgt, lowering)
     inputs = random_inputs(model, seed)
     if rpc is None:  # before the other runtimes run here: their idle threads take the cores a while
-        task_times_in_model(tuned_build(model, db, tgt, lowering, instrumented=True)[0], inputs, tgt, result.tasks)
+        task_times_in_model(ex, inputs, tgt, result.tasks)
     latency, result.max_abs_error = side_by_side(model, ex, inputs, tgt, rpc=rpc)
     result.latency_s.update(latency)
     result.faster_after_s = last_tune_faster_after(db, model.name, result.target, latency)

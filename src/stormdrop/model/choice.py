@@ -59,14 +59,13 @@ def choose(names: Sequence[str], ranked: Sequence[Sequence[Deployable]], build: 
     """Pick, per task, the candidate whose kernel runs fastest inside the compiled model.
 
     ``names``: each task's kernel (function) name; ``ranked``: its candidates, rank 0 first;
-    ``build(picks, instrumented)``: the model compiled with candidate ``picks[i]`` of task ``i``
-    (``instrumented``: as ``task_times`` times it; else as it is deployed).
+    ``build(picks)``: the model compiled with candidate ``picks[i]`` of task ``i``.
     """
     depth = max((len(r) for r in ranked), default=0)
-    base = build([0] * len(ranked), False)
+    base = build([0] * len(ranked))
     if depth < 2:
         return Choice([0] * len(ranked), base)
-    variants = [build([min(rank, len(r) - 1) for r in ranked], True) for rank in range(depth)]
+    variants = [base] + [build([min(rank, len(r) - 1) for r in ranked]) for rank in range(1, depth)]
     samples: list[list[list[float]]] = [[[] for _ in range(depth)] for _ in ranked]
     for rnd in range(rounds + 1):  # round 0 warms every build up and is not counted
         order = list(enumerate(variants))
@@ -81,7 +80,7 @@ def choose(names: Sequence[str], ranked: Sequence[Sequence[Deployable]], build: 
         picks.append(min(fastest, key=fastest.get) if fastest else 0)
     if not any(picks):
         return Choice(picks, base)
-    chosen = build(picks, False)
+    chosen = build(picks)
     latency = interleaved({"best": model_timer(base, inputs, target), "chosen": model_timer(chosen, inputs, target)},
                           rounds=3)
     if latency["chosen"] < latency["best"]:

@@ -75,24 +75,11 @@ def apply_records(fused: tvm.IRModule, mdb: Any, target: Target) -> tvm.IRModule
     return mod
 
 
-def vm_exec_mode(target: Target, instrumented: bool = False) -> str:
-    """How the Relax VM runs a compiled model's own function (the kernel calls, allocations
-    between them): on a CPU, ``"compiled"`` (TVM lowers it to machine code, which leaves less time
-    between kernels than interpreting its bytecode: RESULTS.md, "The model's VM");
-    ``"bytecode"`` where a VM instrument must time every kernel call (``kernel_times``: the
-    compiled function calls kernels past the instrument), and on GPUs, where the compiled
-    function has not been run."""
-    return "compiled" if target.kind.name == "llvm" and not instrumented else "bytecode"
-
-
-def compile_model(fused: tvm.IRModule, mdb: Any, target: Target, tir_pipeline: str | None = None, *,
-                  instrumented: bool = False) -> Any:
+def compile_model(fused: tvm.IRModule, mdb: Any, target: Target, tir_pipeline: str | None = None) -> Any:
     """Compile the fused module with the database's schedules (``apply_records``), its kernels
     lowered as the builders lower candidates (``tvm_compat.tir_pipeline``; ``tir_pipeline``:
-    another TIR pipeline by name, ``"default"`` for TVM's own), run by the VM as
-    ``vm_exec_mode`` says (``instrumented``: a build whose kernels ``kernel_times`` can time)."""
-    return relax.build(apply_records(fused, mdb, target), target=target, tir_pipeline=tir_pipeline or pipeline(),
-                       exec_mode=vm_exec_mode(target, instrumented))
+    another TIR pipeline by name, ``"default"`` for TVM's own)."""
+    return tvm.compile(apply_records(fused, mdb, target), target=target, tir_pipeline=tir_pipeline or pipeline())
 
 
 _SESSIONS: dict[tuple, tuple[Any, float]] = {}  # per device key: the process's RPC session, when opened
@@ -259,9 +246,6 @@ def kernel_times(ex: Any, inputs: dict[str, np.ndarray], target: Target, runs: i
             vm["main"](*args)
         vm.set_instrument(instrument)
         _kernel_runs(vm, args, runs, current, per_run)
-    if not per_run:
-        raise ValueError("no kernel call was timed: a compiled-mode VM calls its kernels past the instrument "
-                         "(compile_model(..., instrumented=True))")
     return {symbol: float(np.median(v)) for symbol, v in per_run.items()}
 
 

@@ -333,8 +333,7 @@ def _compile_and_verify(result: ModelResult, model: Model, fused: tvm.IRModule, 
     ranked = [ranked_candidates(s, candidates) for s in sessions]
     inputs = random_inputs(model, seed)
     choice = choose([s.kernel.name for s in sessions], ranked,
-                    lambda picks, instrumented: compile_model(fused, _ms_database(sessions, ranked, picks, target),
-                                                              target, instrumented=instrumented),
+                    lambda picks: compile_model(fused, _ms_database(sessions, ranked, picks, target), target),
                     inputs, target)
     ex = choice.executable
     result.tuning_s = time.monotonic() - start

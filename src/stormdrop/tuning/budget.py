@@ -226,5 +226,5 @@ class Ledger:
 
 def model_compiles(in_model_candidates: int) -> int:
     """Compiles of the model after tuning: one, or with an in-model choice among k candidates,
-    the best records' model as deployed, one instrumented build per rank and one of the choice."""
-    return 1 if in_model_candidates < 2 else in_model_candidates + 2
+    one per rank and one of the choice."""
+    return 1 if in_model_candidates < 2 else in_model_candidates + 1
