@@ -123,3 +123,21 @@ def test_register_tiles_are_micro_kernels_of_the_same_loops(spec, lanes, registe
 def test_no_register_tiles_when_the_vector_loop_is_not_a_multiple_of_the_lanes():
     space = next(iter(_spaces("dense:M=16,N=20,K=32")))
     assert space.register_tiles(space.start, 16) == []
+
+
+def test_a_one_row_product_gets_column_blocks_of_2_to_8_vectors_with_1000_columns():
+    """A classifier's product (one row, 1000 columns: no multiple of 16 lanes divides them) has no
+    other accumulators than its columns: the jumps block 2-8 vectors of columns in the middle and
+    vector levels, one pass over the row (second level 1), the rest across the cores."""
+    space = next(s for s in _spaces("dense:M=1,N=1000,K=128") if sum(c.kind == "tile" and c.size == 4
+                                                                          for c in s.coordinates) >= 2)
+    jumps = space.register_tiles(space.start, 16, 32)
+    spatial = [k for k, c in enumerate(space.coordinates) if c.kind == "tile" and c.size == 4]
+    columns = spatial[-1]
+    assert {pos[columns][2:] for pos in jumps} >= {(5, 8), (5, 10), (10, 10), (2, 20), (1, 40)}
+    for pos in jumps:
+        parallel, second, middle, width = pos[columns]
+        assert second == 1 and parallel * middle * width == 1000 and parallel >= 4
+        assert 8 <= width <= 64 and 32 <= middle * width <= 128
+        assert all(pos[k] == space.start[k] for k in range(len(pos)) if k != columns)
+    assert sum(space.apply(p) is not None for p in jumps) == len(jumps)

@@ -219,6 +219,8 @@ class DecisionSpace:
             return []
         extent = {k: _prod(position[k]) for k in run}
         vec, others = run[-1], [k for k in run[:-1] if extent[k] > 1]
+        if not others:
+            return self._one_row_tiles(position, vec, extent[vec], lanes, registers)
         widths = [lanes * m for m in (1, 2, 3, 4) if extent[vec] % (lanes * m) == 0
                   and (coords[vec].max_innermost <= 0 or lanes * m <= coords[vec].max_innermost)]
         lo, hi = max(1, registers // 4), registers - 4
@@ -241,6 +243,26 @@ class DecisionSpace:
                         new[k] = (p0, outer // p0, 1, f)
                     if _prod(tuple(new[k][0] for k in factors)) >= 2 * self.num_cores:
                         out.append(tuple(new))
+        return [p for p in dict.fromkeys(out) if p != position]
+
+    def _one_row_tiles(self, position: tuple, vec: int, columns: int, lanes: int, registers: int) -> list[tuple]:
+        """``register_tiles`` of a product for one row (a classifier's): its only accumulators are
+        output columns, the innermost two levels of the column loop, (middle, vector) = (m, w) with
+        w a divisor of the columns from half a vector to 4 vectors (so 1000 columns, which no
+        multiple of 16 lanes divides, get some) and m x w columns 2 to a quarter of ``registers``
+        vectors; the rest runs across the cores (second level 1: one pass over the input row)."""
+        limit = self.coordinates[vec].max_innermost
+        out = []
+        for w in range(max(1, lanes // 2), 4 * lanes + 1):
+            if columns % w or 0 < limit < w:
+                continue
+            for m in range(1, columns // w + 1):
+                block = m * w
+                if columns % block == 0 and 2 * lanes <= block <= registers // 4 * lanes \
+                        and columns // block >= 2 * self.num_cores:
+                    new = list(position)
+                    new[vec] = (columns // block, 1, m, w)
+                    out.append(tuple(new))
         return [p for p in dict.fromkeys(out) if p != position]
 
     def apply(self, position: tuple, phase: Phase = Phase.RAINDROP) -> Candidate | None:
