@@ -22,8 +22,7 @@ class MeasureConfig:
     runs inside a model, where the other kernels' weights have evicted its own; None: on for a
     model's tasks on a CPU, off for a kernel tuned alone (``for_models``). ``warm_streams``: a kernel
     that streams its weights (``streaming``, a classifier's product for one row) is timed warm
-    all the same; off by default: its A/B on small inputs was mixed (RESULTS, "Weight-streaming
-    kernels timed warm").
+    all the same (RESULTS, "Weight-streaming kernels timed warm, with one-row register tiles").
 
     ``warmup_ms``: each candidate first runs back to back for this long, untimed, so that its
     samples are taken with the cores busy, as inside a model that runs its kernels back to back,
@@ -42,7 +41,7 @@ class MeasureConfig:
     repeat: int = 5
     min_repeat_ms: float = 20.0
     cache_flush: bool | None = None
-    warm_streams: bool = False
+    warm_streams: bool = True
     warmup_ms: float = 0.0
     build_timeout_s: float = 60.0
     slow_build_factor: float = 10.0

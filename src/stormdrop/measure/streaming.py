@@ -7,8 +7,10 @@ weight), is bound by how fast its weights arrive. Flushed, they come from memory
 rate for every schedule, and the search ranks its candidates by noise; inside a model small
 enough, its weights stay in the last-level cache between inferences, where the schedules
 differ by more than twice. ``streams_weights`` says which kernels these are; the gateway times
-them warm where ``MeasureConfig.warm_streams`` says so (off by default: timed warm, such a kernel
-came out faster inside one held out model and slower inside another).
+them warm where ``MeasureConfig.warm_streams`` says so (the default). Where a model's weights do
+not stay in the cache, its schedules run alike from memory, so ranking them warm costs nothing;
+the raindrop's one-row register tiles (``DecisionSpace.register_tiles``) are the schedules that
+warm ranking finds faster.
 """
 
 from __future__ import annotations
