@@ -22,7 +22,8 @@ class MeasureConfig:
     runs inside a model, where the other kernels' weights have evicted its own; None: on for a
     model's tasks on a CPU, off for a kernel tuned alone (``for_models``). ``warm_streams``: a kernel
     that streams its weights (``streaming``, a classifier's product for one row) is timed warm
-    all the same (RESULTS, "Weight-streaming kernels timed warm, with one-row register tiles").
+    all the same (RESULTS, "Weight-streaming kernels timed warm, with one-row register tiles"):
+    one of at most ``stream_flops_per_weight`` FLOPs per weight element.
 
     ``warmup_ms``: each candidate first runs back to back for this long, untimed, so that its
     samples are taken with the cores busy, as inside a model that runs its kernels back to back,
@@ -42,6 +43,7 @@ class MeasureConfig:
     min_repeat_ms: float = 20.0
     cache_flush: bool | None = None
     warm_streams: bool = True
+    stream_flops_per_weight: float = 4.0
     warmup_ms: float = 0.0
     build_timeout_s: float = 60.0
     slow_build_factor: float = 10.0

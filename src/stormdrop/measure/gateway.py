@@ -68,7 +68,7 @@ class Gateway:
         first candidate is timed, or by ``make_references``. One that streams its weights is timed
         warm even where the config flushes the caches (``streaming``)."""
         if key not in self._workloads and self.config.cache_flush and self.config.warm_streams \
-                and streams_weights(workload):
+                and streams_weights(workload, self.config.stream_flops_per_weight):
             self._warm.add(key)
         self._workloads.setdefault(key, (tvm.ir.save_json(workload), seed))
 

@@ -40,9 +40,9 @@ def weight_elements(workload: tvm.IRModule) -> int:
     return sum(math.prod(shapes[i]) for i in picked)
 
 
-def streams_weights(workload: tvm.IRModule) -> bool:
-    """Whether a kernel does at most ``MAX_FLOPS_PER_WEIGHT`` FLOPs per element of its weights
+def streams_weights(workload: tvm.IRModule, max_flops_per_weight: float = MAX_FLOPS_PER_WEIGHT) -> bool:
+    """Whether a kernel does at most ``max_flops_per_weight`` FLOPs per element of its weights
     (a kernel TVM cannot count FLOPs of is timed as the others)."""
     weights = weight_elements(workload)
     flops = estimate_flops(workload) if weights else 0
-    return 0 < flops <= MAX_FLOPS_PER_WEIGHT * weights
+    return 0 < flops <= max_flops_per_weight * weights
