@@ -66,6 +66,13 @@ def storm_fields(spec: str) -> dict:
     return fields(spec, StormConfig(), "--storm-ab")
 
 
+def raindrop_fields(spec: str) -> dict:
+    """``FIELD=VALUE[,FIELD=VALUE]`` as RaindropConfig fields (``fields``)."""
+    from stormdrop.search.raindrop import RaindropConfig
+
+    return fields(spec, RaindropConfig(), "--raindrop-ab")
+
+
 def measure_fields(spec: str) -> dict:
     """``FIELD=VALUE[,FIELD=VALUE]`` as MeasureConfig fields (``fields``)."""
     from stormdrop import MeasureConfig
@@ -117,6 +124,12 @@ def lowering_arms(args, lowering) -> list[tuple[str, dict]]:
 
 _STORM = "storm "  # a --storm-ab arm's result key: this and its FIELD=VALUE spec
 _MEASURE = "measure "  # a --measure-ab arm's
+_RAINDROP = "raindrop "  # a --raindrop-ab arm's
+
+
+def raindrop_arm(spec: str) -> str:
+    """The result key of a ``--raindrop-ab`` arm."""
+    return _RAINDROP + spec
 
 
 def storm_arm(spec: str) -> str:
@@ -137,7 +150,8 @@ def arm_specs(r: dict, prefix: str) -> dict[str, str]:
 
 def arm_words(r: dict) -> dict:
     """``_ARMS`` and the ``--storm-ab`` and ``--measure-ab`` arms ``r`` holds."""
-    specs = {k: (s, flag) for prefix, flag in ((_STORM, "--storm-ab"), (_MEASURE, "--measure-ab"))
+    specs = {k: (s, flag) for prefix, flag in ((_STORM, "--storm-ab"), (_MEASURE, "--measure-ab"),
+                                                     (_RAINDROP, "--raindrop-ab"))
              for k, s in arm_specs(r, prefix).items()}
     return {**_ARMS, **{k: (f"tuned with {s} ({flag}", "with the defaults", f"{s} / defaults", False, s)
                         for k, (s, flag) in specs.items()}}

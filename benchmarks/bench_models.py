@@ -86,6 +86,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--measure-ab", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
                    help="also tune with these MeasureConfig fields changed (e.g. slow_build_factor=1e9), timed in "
                         "turns with the peers; repeatable, one arm each")
+    p.add_argument("--raindrop-ab", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
+                   help="also tune with these RaindropConfig fields changed; repeatable")
     p.add_argument("--rounds", type=int, default=5,
                    help="latencies: median over this many rounds in which the peers take turns")
     p.add_argument("--seed", type=int, default=0)
@@ -119,6 +121,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
         Lowering,
         MeasureConfig,
         ModelOptions,
+        RaindropConfig,
         SearchOptions,
         StormConfig,
         load_model,
@@ -163,12 +166,14 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
         def tune(db: str, cache_flush: bool | None, untuned: bool = False, lowering: Lowering = lowering,
                  hub: bool | str = args.hub != "off", warmup_ms: float = warmup_ms, prior_file: str | None = None,
                  prior_alone: int | None = None, storm: dict | None = None,
-                 warm_up: str = "heaviest" if args.in_order_ab else ModelOptions.warm_up, measure: dict | None = None):
+                 warm_up: str = "heaviest" if args.in_order_ab else ModelOptions.warm_up, measure: dict | None = None,
+                 raindrop: dict | None = None):
             return tune_model(model,
                               ModelOptions(trials=None if args.time_budget else args.trials,
                                            trials_per_task=args.trials_per_task, time_budget=args.time_budget,
                                            seed=args.seed, lowering=lowering, untuned=untuned,
-                                           search=SearchOptions(hub=hub, storm=StormConfig(
+                                           search=SearchOptions(hub=hub, raindrop=RaindropConfig(**(raindrop or {})),
+                                                                storm=StormConfig(
                                                prior_file=prior_file,
                                                **({} if prior_alone is None else {"prior_alone": prior_alone}),
                                                **(storm or {}))),
@@ -223,6 +228,8 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             arms.append((_arms.storm_arm(spec), {"storm": _arms.storm_fields(spec)}))
         for spec in args.measure_ab:  # the same tuning with other measurement parameters
             arms.append((_arms.measure_arm(spec), {"measure": _arms.measure_fields(spec)}))
+        for spec in args.raindrop_ab:  # the same tuning with other raindrop parameters
+            arms.append((_arms.raindrop_arm(spec), {"raindrop": _arms.raindrop_fields(spec)}))
         for key, changes in arms:
             arm = {"cache_flush": {"auto": None, "on": True}.get(args.cache_flush, False), "lowering": lowering,
                    **changes}

@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="also tune with these StormConfig fields changed (bench_models.py); repeatable")
     p.add_argument("--measure-ab", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
                    help="also tune with these MeasureConfig fields changed (bench_models.py); repeatable")
+    p.add_argument("--raindrop-ab", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
+                   help="also tune with these RaindropConfig fields changed (bench_models.py); repeatable")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/RESULTS.md")
@@ -85,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                                             + (["--prior-ab-alone", str(args.prior_ab_alone)]
                                                if args.prior_ab_alone is not None else [])
                                             + [a for spec in args.storm_ab for a in ("--storm-ab", spec)]
-                                            + [a for spec in args.measure_ab for a in ("--measure-ab", spec)])
+                                            + [a for spec in args.measure_ab for a in ("--measure-ab", spec)]
+                                            + [a for spec in args.raindrop_ab for a in ("--raindrop-ab", spec)])
             r = bench_models.bench_one(model, margs, target)
             r = {k: ({kk: vv for kk, vv in v.items() if kk != "ex"} if isinstance(v, dict) else v) for k, v in r.items()}
             stem = os.path.splitext(os.path.basename(name))[0]  # an exported file's network

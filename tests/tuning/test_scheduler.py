@@ -370,3 +370,15 @@ def test_a_model_trial_cap_is_raised_to_give_every_task_without_a_schedule_one_t
     assert cap_reaching_every_task(128, 0, 100) == 128  # enough: the cap stays
     assert cap_reaching_every_task(10, 8, 5) == 13  # a resumed run: 8 spent, 5 tasks still without one
     assert cap_reaching_every_task(10, 8, 0) == 10 and cap_reaching_every_task(None, 0, 5) is None
+
+
+def test_a_global_trial_cap_of_a_few_trials_a_task_shrinks_the_raindrop_batch():
+    """Under a cap of a few trials a task, full raindrop batches went to the costliest few tasks:
+    a batch is a task's share of the cap, rounded up to an even count, between 2 and the batch."""
+    from stormdrop.tuning.budget import raindrop_batch
+
+    assert raindrop_batch(128, 36, 8) == 4  # mnasnet1_0: 3.6 trials a task
+    assert raindrop_batch(128, 71, 8) == 2  # googlenet: under 2 a task
+    assert raindrop_batch(128, 19, 8) == 8  # resnet18: 6.7 a task, rounded up to 8
+    assert raindrop_batch(1000, 19, 8) == 8 and raindrop_batch(None, 19, 8) == 8  # no smaller than it was
+    assert raindrop_batch(128, 0, 8) == 8

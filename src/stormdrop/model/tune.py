@@ -15,7 +15,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import tvm
@@ -51,6 +51,7 @@ from stormdrop.tuning.budget import (
     first_batch_size,
     lead_batch,
     model_compiles,
+    raindrop_batch,
     storm_share,
 )
 from stormdrop.tuning.driver import donor_databases, drive, measured, run_database
@@ -256,7 +257,10 @@ def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = 
                 storm_trials = storm_share(trials, len(tasks), trials_per_task, first)
                 leads = [lead_batch(first, n, search.storm.batch_size, search.storm.lead_samples)
                          for n in heirs([s.entry.op_class for s in sessions])]
-                tuners = [TaskTuner(s, trials=storm_trials, exploit_trials=trials_per_task - storm_trials, search=search,
+                drop = search.raindrop if not search.raindrop.batch_by_share else replace(
+                    search.raindrop, batch_size=raindrop_batch(trials, len(tasks), search.raindrop.batch_size))
+                tuners = [TaskTuner(s, trials=storm_trials, exploit_trials=trials_per_task - storm_trials,
+                                    search=replace(search, raindrop=drop),
                                     first_batch=first, lead_batch=lead, donor_dbs=donor_dbs)
                           for s, lead in zip(sessions, leads)]
                 # no global cap and no time budget: the per-task caps bound the run

@@ -139,6 +139,17 @@ def storm_share(trials: int | None, num_tasks: int, trials_per_task: int, first_
     return min(half, max(first_batch or 1, trials // (2 * num_tasks)))
 
 
+def raindrop_batch(trials: int | None, num_tasks: int, batch: int) -> int:
+    """The raindrop's batch (candidates between two moves) under a global ``trials`` cap: a
+    task's share of the cap rounded up to an even count (one per builder on two cores), at least
+    2, at most ``batch``. Where the cap is a few trials a task, full batches went to the
+    costliest few tasks, and the rest kept the first schedule reuse gave them, which one raindrop
+    batch of register-tile jumps often makes several times faster."""
+    if trials is None or num_tasks <= 0:
+        return batch
+    return min(batch, max(2, 2 * math.ceil(trials / (2 * num_tasks))))
+
+
 def lead_batch(first_batch: int | None, heirs: int, batch: int, samples: int) -> int | None:
     """The first storm batch of a lead: a task that starts with no donor (reuse found none) while
     ``heirs`` other tasks of related classes would take its schedule (``search.donors.heirs``). Where
