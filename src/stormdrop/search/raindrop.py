@@ -47,8 +47,9 @@ class RaindropConfig:
     remeasure_incumbent: bool = True
     register_tiles: int = 8  # register-tile jumps measured first (0: none)
     # a model's tasks under a global trial cap: batches no larger than a task's share of the cap
-    # (``tuning.budget.raindrop_batch``)
-    batch_by_share: bool = True
+    # (``tuning.budget.raindrop_batch``); off: mixed on held-out networks (RESULTS, "Raindrop batches
+    # of a task's share")
+    batch_by_share: bool = False
 
 
 def significantly_faster(candidate: tuple[float, ...], incumbent: tuple[float, ...], pvalue: float) -> bool:
