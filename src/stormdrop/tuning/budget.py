@@ -142,9 +142,9 @@ def storm_share(trials: int | None, num_tasks: int, trials_per_task: int, first_
 def raindrop_batch(trials: int | None, num_tasks: int, batch: int) -> int:
     """The raindrop's batch (candidates between two moves) under a global ``trials`` cap: a
     task's share of the cap rounded up to an even count (one per builder on two cores), at least
-    2, at most ``batch``. Where the cap is a few trials a task, full batches went to the
-    costliest few tasks, and the rest kept the first schedule reuse gave them, which one raindrop
-    batch of register-tile jumps often makes several times faster."""
+    2, at most ``batch`` (where ``RaindropConfig.batch_by_share`` says so). Where the cap is a few
+    trials a task, full batches go to the costliest few tasks, and the rest keep the first schedule
+    reuse gave them."""
     if trials is None or num_tasks <= 0:
         return batch
     return min(batch, max(2, 2 * math.ceil(trials / (2 * num_tasks))))
