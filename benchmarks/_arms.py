@@ -68,7 +68,7 @@ def storm_fields(spec: str) -> dict:
 
 def raindrop_fields(spec: str) -> dict:
     """``FIELD=VALUE[,FIELD=VALUE]`` as RaindropConfig fields (``fields``)."""
-    from stormdrop.search.raindrop import RaindropConfig
+    from stormdrop import RaindropConfig
 
     return fields(spec, RaindropConfig(), "--raindrop-ab")
 
