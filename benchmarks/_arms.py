@@ -59,25 +59,34 @@ def existing_file(path: str) -> str:
     return path
 
 
-def storm_fields(spec: str) -> dict:
-    """``FIELD=VALUE[,FIELD=VALUE]`` as StormConfig fields (``fields``)."""
-    from stormdrop import StormConfig
-
-    return fields(spec, StormConfig(), "--storm-ab")
+# Arms of FIELD=VALUE specs (--storm-ab, --measure-ab, --raindrop-ab): kind -> the stormdrop config class
+# whose fields they change; an arm's result key is the kind, a space and its spec.
+CONFIG_ARMS = {"storm": "StormConfig", "measure": "MeasureConfig", "raindrop": "RaindropConfig"}
 
 
-def raindrop_fields(spec: str) -> dict:
-    """``FIELD=VALUE[,FIELD=VALUE]`` as RaindropConfig fields (``fields``)."""
-    from stormdrop import RaindropConfig
-
-    return fields(spec, RaindropConfig(), "--raindrop-ab")
+def config_arm(kind: str, spec: str) -> str:
+    """The result key of a ``--KIND-ab`` arm."""
+    return f"{kind} {spec}"
 
 
-def measure_fields(spec: str) -> dict:
-    """``FIELD=VALUE[,FIELD=VALUE]`` as MeasureConfig fields (``fields``)."""
-    from stormdrop import MeasureConfig
+def add_config_arm_flags(p) -> None:
+    """The ``--KIND-ab FIELD=VALUE[,FIELD=VALUE]`` flags of ``CONFIG_ARMS`` on an argument parser."""
+    for kind, config in CONFIG_ARMS.items():
+        p.add_argument(f"--{kind}-ab", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
+                       help=f"also tune with these {config} fields changed (e.g. a bool field=0), timed in turns "
+                            "with the peers; repeatable, one arm each")
 
-    return fields(spec, MeasureConfig(), "--measure-ab")
+
+def config_arm_argv(args) -> list[str]:
+    """The ``CONFIG_ARMS`` flags of parsed ``args`` as command-line arguments again (to pass on)."""
+    return [a for kind in CONFIG_ARMS for spec in getattr(args, f"{kind}_ab") for a in (f"--{kind}-ab", spec)]
+
+
+def config_fields(kind: str, spec: str) -> dict:
+    """``FIELD=VALUE[,FIELD=VALUE]`` of a ``--KIND-ab`` arm as fields of its config class (``fields``)."""
+    import stormdrop
+
+    return fields(spec, getattr(stormdrop, CONFIG_ARMS[kind])(), f"--{kind}-ab")
 
 
 # Lowering switches of bench_models.py: field -> (its A/B arm's key, the flag's help). Each is a flag
@@ -122,39 +131,37 @@ def lowering_arms(args, lowering) -> list[tuple[str, dict]]:
             for field, (key, _) in LOWERING_SWITCHES.items() if getattr(args, field) == "ab"]
 
 
-_STORM = "storm "  # a --storm-ab arm's result key: this and its FIELD=VALUE spec
-_MEASURE = "measure "  # a --measure-ab arm's
-_RAINDROP = "raindrop "  # a --raindrop-ab arm's
-
-
-def raindrop_arm(spec: str) -> str:
-    """The result key of a ``--raindrop-ab`` arm."""
-    return _RAINDROP + spec
-
-
-def storm_arm(spec: str) -> str:
-    """The result key of a ``--storm-ab`` arm."""
-    return _STORM + spec
-
-
-def measure_arm(spec: str) -> str:
-    """The result key of a ``--measure-ab`` arm."""
-    return _MEASURE + spec
-
-
-def arm_specs(r: dict, prefix: str) -> dict[str, str]:
-    """The arms of one kind a result holds (``prefix``: ``_STORM`` for ``--storm-ab``'s, ``_MEASURE`` for
-    ``--measure-ab``'s): key -> FIELD=VALUE spec."""
-    return {k: k[len(prefix):] for k in r if k.startswith(prefix)}
-
-
 def arm_words(r: dict) -> dict:
-    """``_ARMS`` and the ``--storm-ab`` and ``--measure-ab`` arms ``r`` holds."""
-    specs = {k: (s, flag) for prefix, flag in ((_STORM, "--storm-ab"), (_MEASURE, "--measure-ab"),
-                                                     (_RAINDROP, "--raindrop-ab"))
-             for k, s in arm_specs(r, prefix).items()}
+    """``_ARMS`` and the ``CONFIG_ARMS`` arms ``r`` holds."""
+    specs = {k: (k[len(kind) + 1:], f"--{kind}-ab") for kind in CONFIG_ARMS for k in r if k.startswith(kind + " ")}
     return {**_ARMS, **{k: (f"tuned with {s} ({flag}", "with the defaults", f"{s} / defaults", False, s)
                         for k, (s, flag) in specs.items()}}
+
+
+def tuning_arms(args, lowering) -> list[tuple[str, dict]]:
+    """bench_models.py's A/B arms as its flags ask for them: (result key, what the arm's tuning changes:
+    keywords of its ``tune``), each tuned and timed like stormdrop's."""
+    import dataclasses
+
+    arms = []
+    if args.cache_flush == "ab":  # candidates timed with the caches flushed
+        arms.append(("cold_tuned", {"cache_flush": True}))
+    arms += lowering_arms(args, lowering)  # one lowering switch flipped
+    if args.winograd_ab:  # every convolution direct
+        arms.append(("direct", {"lowering": dataclasses.replace(lowering, winograd="off")}))
+    if args.hub == "ab":  # without the schedule hub
+        arms.append(("no_hub", {"hub": False}))
+    if args.other_hub:  # with another hub file
+        arms.append(("other_hub", {"hub": args.other_hub}))
+    if args.in_order_ab:  # the tasks' first rounds in the model's order
+        arms.append(("in_order", {"warm_up": "in order"}))
+    if args.warm_up == "ab":  # candidates timed straight from idle
+        arms.append(("no_warm_up", {"warmup_ms": 0.0}))
+    if args.prior_ab:  # the cost model starting from another prior
+        arms.append(("other_prior", {"prior_file": args.prior_ab, "prior_alone": args.prior_ab_alone}))
+    for kind in CONFIG_ARMS:  # other storm, measurement or raindrop parameters
+        arms += [(config_arm(kind, spec), {kind: config_fields(kind, spec)}) for spec in getattr(args, f"{kind}_ab")]
+    return arms
 
 
 def columns(raw: list[dict]) -> list[tuple[str, str]]:

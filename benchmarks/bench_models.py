@@ -15,7 +15,6 @@ networks written by ``benchmarks/export_networks.py``).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import os
@@ -80,14 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prior-ab-alone", type=int, default=None, metavar="N",
                    help="with --prior-ab: that arm's model also ranks with its prior alone until a workload has N "
                         "measurements of its own (StormConfig.prior_alone; default: the library's)")
-    p.add_argument("--storm-ab", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
-                   help="also tune with these StormConfig fields changed (e.g. prior_picks=1), timed in turns "
-                        "with the peers; repeatable, one arm each")
-    p.add_argument("--measure-ab", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
-                   help="also tune with these MeasureConfig fields changed (e.g. slow_build_factor=1e9), timed in "
-                        "turns with the peers; repeatable, one arm each")
-    p.add_argument("--raindrop-ab", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
-                   help="also tune with these RaindropConfig fields changed; repeatable")
+    _arms.add_config_arm_flags(p)
     p.add_argument("--rounds", type=int, default=5,
                    help="latencies: median over this many rounds in which the peers take turns")
     p.add_argument("--seed", type=int, default=0)
@@ -207,29 +199,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
             out["untuned_s"] = r.latency_s["untuned"]
         except Exception as err:  # noqa: BLE001 - a failure is a cell
             out["stormdrop"] = {"status": f"failed: {short(err)}", "tuning_s": time.monotonic() - t0}
-        # A/B arms: (key, what its tuning changes), each tuned and timed like stormdrop's
-        arms = []
-        if args.cache_flush == "ab":  # the same tuning, candidates timed with the caches flushed
-            arms.append(("cold_tuned", {"cache_flush": True}))
-        arms += _arms.lowering_arms(args, lowering)  # the same tuning, one lowering switch flipped
-        if args.winograd_ab:  # the same tuning, every convolution direct
-            arms.append(("direct", {"lowering": dataclasses.replace(lowering, winograd="off")}))
-        if args.hub == "ab":  # the same tuning without the schedule hub
-            arms.append(("no_hub", {"hub": False}))
-        if args.other_hub:  # the same tuning with another hub file
-            arms.append(("other_hub", {"hub": args.other_hub}))
-        if args.in_order_ab:  # the same tuning, the tasks' first rounds in the model's order
-            arms.append(("in_order", {"warm_up": "in order"}))
-        if args.warm_up == "ab":  # the same tuning, candidates timed straight from idle
-            arms.append(("no_warm_up", {"warmup_ms": 0.0}))
-        if args.prior_ab:  # the same tuning, the cost model starting from another prior
-            arms.append(("other_prior", {"prior_file": args.prior_ab, "prior_alone": args.prior_ab_alone}))
-        for spec in args.storm_ab:  # the same tuning with other storm parameters
-            arms.append((_arms.storm_arm(spec), {"storm": _arms.storm_fields(spec)}))
-        for spec in args.measure_ab:  # the same tuning with other measurement parameters
-            arms.append((_arms.measure_arm(spec), {"measure": _arms.measure_fields(spec)}))
-        for spec in args.raindrop_ab:  # the same tuning with other raindrop parameters
-            arms.append((_arms.raindrop_arm(spec), {"raindrop": _arms.raindrop_fields(spec)}))
+        arms = _arms.tuning_arms(args, lowering)  # A/B arms: (key, what its tuning changes)
         for key, changes in arms:
             arm = {"cache_flush": {"auto": None, "on": True}.get(args.cache_flush, False), "lowering": lowering,
                    **changes}

@@ -50,12 +50,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="also tune with this cost-model prior file instead of the shipped one (bench_models.py)")
     p.add_argument("--prior-ab-alone", type=int, default=None, metavar="N",
                    help="with --prior-ab: that arm's StormConfig.prior_alone (bench_models.py)")
-    p.add_argument("--storm-ab", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
-                   help="also tune with these StormConfig fields changed (bench_models.py); repeatable")
-    p.add_argument("--measure-ab", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
-                   help="also tune with these MeasureConfig fields changed (bench_models.py); repeatable")
-    p.add_argument("--raindrop-ab", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
-                   help="also tune with these RaindropConfig fields changed (bench_models.py); repeatable")
+    _arms.add_config_arm_flags(p)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/RESULTS.md")
@@ -86,9 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                                             + (["--prior-ab", args.prior_ab] if args.prior_ab else [])
                                             + (["--prior-ab-alone", str(args.prior_ab_alone)]
                                                if args.prior_ab_alone is not None else [])
-                                            + [a for spec in args.storm_ab for a in ("--storm-ab", spec)]
-                                            + [a for spec in args.measure_ab for a in ("--measure-ab", spec)]
-                                            + [a for spec in args.raindrop_ab for a in ("--raindrop-ab", spec)])
+                                            + _arms.config_arm_argv(args))
             r = bench_models.bench_one(model, margs, target)
             r = {k: ({kk: vv for kk, vv in v.items() if kk != "ex"} if isinstance(v, dict) else v) for k, v in r.items()}
             stem = os.path.splitext(os.path.basename(name))[0]  # an exported file's network

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
     arm, words = ("other_hub", "other hub") if args.other_hub else \
         ("in_order", "in order") if args.in_order_ab else \
-        (_arms.measure_arm(args.measure_ab), args.measure_ab) if args.measure_ab else ("no_hub", "no hub")
+        (_arms.config_arm("measure", args.measure_ab), args.measure_ab) if args.measure_ab else ("no_hub", "no hub")
     hub_only = bool(args.other_hub or args.in_order_ab or args.measure_ab)  # both arms with the hub
     header = [h.replace("no hub", words) for h in HEADER]
     target, key = pinned_host()

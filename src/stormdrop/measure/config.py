@@ -43,7 +43,7 @@ class MeasureConfig:
     min_repeat_ms: float = 20.0
     cache_flush: bool | None = None
     warm_streams: bool = True
-    stream_flops_per_weight: float = 4.0
+    stream_flops_per_weight: float = 4.0  # each weight feeds at most two output rows' multiply-adds
     warmup_ms: float = 0.0
     build_timeout_s: float = 60.0
     slow_build_factor: float = 10.0

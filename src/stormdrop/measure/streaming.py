@@ -19,9 +19,8 @@ import math
 
 import tvm
 
+from stormdrop.measure.config import MeasureConfig
 from stormdrop.workloads import estimate_flops, kernel_args
-
-MAX_FLOPS_PER_WEIGHT = 4  # each weight feeds at most two output rows' multiply-adds
 
 
 def weight_elements(workload: tvm.IRModule) -> int:
@@ -40,7 +39,8 @@ def weight_elements(workload: tvm.IRModule) -> int:
     return sum(math.prod(shapes[i]) for i in picked)
 
 
-def streams_weights(workload: tvm.IRModule, max_flops_per_weight: float = MAX_FLOPS_PER_WEIGHT) -> bool:
+def streams_weights(workload: tvm.IRModule,
+                    max_flops_per_weight: float = MeasureConfig.stream_flops_per_weight) -> bool:
     """Whether a kernel does at most ``max_flops_per_weight`` FLOPs per element of its weights
     (a kernel TVM cannot count FLOPs of is timed as the others)."""
     weights = weight_elements(workload)
