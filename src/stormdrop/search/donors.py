@@ -69,7 +69,7 @@ def heirs(op_classes: Sequence[str]) -> list[int]:
 
 
 def donors(db: Database, entry: WorkloadEntry, target_key: str, others: Sequence[Database] = (),
-           per_donor: int = 1, order: str = "class", exact_sources: bool = True
+           per_donor: int = 1, order: str = "class", exact_sources: bool = True, fastest_of: int = 1
            ) -> Iterator[tuple[WorkloadEntry, list[str]]]:
     """(workload, its ``per_donor`` best traces) of the other workloads of a related class, one at a
     time: a workload's best records are looked up when it is reached (a reuse that stops after a few
@@ -83,6 +83,11 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, others: Sequence
     workload counts too (tuned for another model, say), and comes first. A source whose
     ``exact_only`` is true (the schedule hub) gives the same workload only where ``exact_sources``
     (else its related workloads too, like any other source: only those are decoded).
+
+    ``fastest_of`` = k > 1: the nearest k donors that are not this very workload come fastest first
+    (FLOPs over their best record's mean), the rest in order after them. The nearest donor is often
+    a briefly tuned one, and its transfer carries its flaw: the fastest of the nearest few transfers
+    faster more often.
     """
     if order not in ("class", "shape"):
         raise ValueError(f"donor order {order!r}: 'class' or 'shape'")
@@ -109,10 +114,25 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, others: Sequence
         return (elsewhere, rank, *near) if order == "class" else (elsewhere, near[0], rank, near[1])
 
     found.sort(key=key)
-    for source, other, _ in found:
+    head: list[tuple[float, int, WorkloadEntry, list]] = []  # the nearest fastest_of, held to be reordered
+    for source, other, (elsewhere, _) in found:
         best = source.best(other.workload_id, target_key, k=per_donor)
-        if best:
-            yield other, [r.trace_json for r in best]
+        if not best:
+            continue
+        if fastest_of > 1 and elsewhere and len(head) < fastest_of:
+            head.append((-other.flops / max(best[0].mean, 1e-12), len(head), other, best))
+            if len(head) < fastest_of:
+                continue
+            yield from _fastest_first(head)
+            continue
+        yield other, [r.trace_json for r in best]
+    if len(head) < fastest_of:  # fewer donors than that: all of them, fastest first
+        yield from _fastest_first(head)
+
+
+def _fastest_first(head: list[tuple[float, int, WorkloadEntry, list]]) -> Iterator[tuple[WorkloadEntry, list[str]]]:
+    for _, _, other, best in sorted(head, key=lambda h: h[:2]):
+        yield other, [r.trace_json for r in best]
 
 
 _SHAPES: dict[str, list[tuple[int, ...]] | None] = {}  # structural hash -> parameter shapes

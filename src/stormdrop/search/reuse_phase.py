@@ -57,7 +57,8 @@ class Reuse:
                            limit=max(budget * pool, ranked), others=self.donors, per_donor=2 if pool > 1 else 1,
                            order=cfg.donor_order, spaces=sketches.spaces() if in_sketches else (),
                            enough=max(budget, ranked) if in_sketches and pool == 1 else 0,
-                           sketch_donors=cfg.sketch_donors, exact=exact, exact_sources=not cfg.hub_transfers)
+                           sketch_donors=cfg.sketch_donors, exact=exact, exact_sources=not cfg.hub_transfers,
+                           fastest_of=cfg.fastest_donors)
         if not groups:
             return None
         if ranked:

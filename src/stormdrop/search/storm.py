@@ -73,6 +73,11 @@ class StormConfig:
     # operators, then shapes) or "shape" (the nearest shapes, then the relation: no better where
     # it was measured, RESULTS.md).
     donor_order: str = "class"
+    # k > 1: of the nearest k donors in that order (the task's very workload elsewhere, a hub's
+    # exact hit, always first), the fastest (FLOPs a second of its best record) is tried first
+    # (search.donors): the nearest is often a sibling or hub entry tuned briefly, and its transfer
+    # inherits that.
+    fastest_donors: int = 1
     # Reuse also moves each donor's decisions into every sketch of the workload (reuse.in_sketches)
     # and measures each donor's transfers together, nearest donor first, up to the reuse budget
     # (False: one transfer a donor, the donor's own structure).
