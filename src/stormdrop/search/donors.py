@@ -84,10 +84,11 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, others: Sequence
     ``exact_only`` is true (the schedule hub) gives the same workload only where ``exact_sources``
     (else its related workloads too, like any other source: only those are decoded).
 
-    ``fastest_of`` = k > 1: the nearest k donors that are not this very workload come fastest first
-    (FLOPs over their best record's mean), the rest in order after them. The nearest donor is often
-    a briefly tuned one, and its transfer carries its flaw: the fastest of the nearest few transfers
-    faster more often.
+    ``fastest_of`` = k > 1: of the nearest k donors that are not this very workload, the fastest
+    (FLOPs over its best record's mean) whose shapes are within ``FASTEST_WITHIN`` of the nearest's
+    (``shape_distance``) comes first, the others in order. The nearest donor is often a briefly
+    tuned one whose transfer carries its flaw; a much larger donor's throughput says little of
+    how its schedule runs at this size.
     """
     if order not in ("class", "shape"):
         raise ValueError(f"donor order {order!r}: 'class' or 'shape'")
@@ -108,31 +109,42 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, others: Sequence
 
     mine = _arg_shapes(entry.mod)  # once, not once a donor
 
+    def nearness(d) -> tuple[float, float]:
+        other = d[1]
+        return (_distance(_entry_shapes(other), mine),
+                abs(math.log(max(other.flops, 1)) - math.log(max(entry.flops, 1))))
+
     def key(d):
-        other, (elsewhere, rank) = d[1], d[2]  # not this very workload (tuned in another database), the relation
-        near = (_distance(_entry_shapes(other), mine), abs(math.log(max(other.flops, 1)) - math.log(max(entry.flops, 1))))
+        (elsewhere, rank), near = d[2], nearness(d)  # not this very workload (tuned elsewhere), the relation
         return (elsewhere, rank, *near) if order == "class" else (elsewhere, near[0], rank, near[1])
 
     found.sort(key=key)
-    head: list[tuple[float, int, WorkloadEntry, list]] = []  # the nearest fastest_of, held to be reordered
-    for source, other, (elsewhere, _) in found:
+    head: list[tuple[float, float, WorkloadEntry, list]] = []  # the nearest fastest_of: (distance, FLOPs/s, ...)
+    for d in found:
+        source, other, (elsewhere, _) = d
         best = source.best(other.workload_id, target_key, k=per_donor)
         if not best:
             continue
         if fastest_of > 1 and elsewhere and len(head) < fastest_of:
-            head.append((-other.flops / max(best[0].mean, 1e-12), len(head), other, best))
-            if len(head) < fastest_of:
-                continue
-            yield from _fastest_first(head)
+            head.append((nearness(d)[0], other.flops / max(best[0].mean, 1e-12), other, best))
+            if len(head) == fastest_of:
+                yield from _fastest_first(head)
             continue
         yield other, [r.trace_json for r in best]
-    if len(head) < fastest_of:  # fewer donors than that: all of them, fastest first
+    if 0 < len(head) < fastest_of:  # fewer donors than that
         yield from _fastest_first(head)
 
 
-def _fastest_first(head: list[tuple[float, int, WorkloadEntry, list]]) -> Iterator[tuple[WorkloadEntry, list[str]]]:
-    for _, _, other, best in sorted(head, key=lambda h: h[:2]):
-        yield other, [r.trace_json for r in best]
+FASTEST_WITHIN = 2.0  # shape distance (summed |log| ratios of the dims) from the nearest donor's
+
+
+def _fastest_first(head: list[tuple[float, float, WorkloadEntry, list]]) -> Iterator[tuple[WorkloadEntry, list[str]]]:
+    """The nearest donors (distance, FLOPs a second, workload, best records; nearest first), the fastest
+    of those within ``FASTEST_WITHIN`` of the nearest moved to the front."""
+    near = [h for h in head if h[0] <= head[0][0] + FASTEST_WITHIN]
+    first = max(near, key=lambda h: h[1])
+    for h in [first, *(h for h in head if h is not first)]:
+        yield h[2], [r.trace_json for r in h[3]]
 
 
 _SHAPES: dict[str, list[tuple[int, ...]] | None] = {}  # structural hash -> parameter shapes
