@@ -41,7 +41,7 @@ def _names(tmp_path):
     return path, names
 
 
-def test_the_nearest_donor_comes_first_by_default(tmp_path):
+def test_the_nearest_donor_comes_first_with_fastest_of_1(tmp_path):
     path, names = _names(tmp_path)
     assert _order(path, 1) == names
 

@@ -87,3 +87,21 @@ def test_with_a_prior_reuse_measures_the_transfers_the_prior_scores_fastest(tmp_
     keys = _reused(db, tmp_path / "ranked.db", storm=StormConfig(transfer_ranked=8))
     assert len(ranked) == 1 and len(ranked[0]) > 2  # more transfers than the two measured
     assert keys == ranked[0][-1:-3:-1]  # the two it scores fastest, fastest first
+
+
+@pytest.mark.slow
+def test_reuse_takes_the_fastest_of_the_nearest_donors_first_by_default(tmp_path, monkeypatch):
+    """StormConfig.fastest_donors (4 by default) reaches the donor listing (search.donors' rule:
+    tests/search/test_donor_order.py) and changes which transfer a reuse of one trial measures: of
+    three donors timed alike, the nearest (fastest_donors=1's pick) is not the fastest in FLOPs a second."""
+    import stormdrop.search.reuse as reuse
+
+    asked = []
+    listing = reuse.donors
+    monkeypatch.setattr(reuse, "donors", lambda *a, **k: asked.append(a[7] if len(a) > 7 else k.get("fastest_of"))
+                        or listing(*a, **k))
+    db = _three_matmul_donors(tmp_path / "d.db", seeds=(0,))
+    nearest = _reused(db, tmp_path / "nearest.db", storm=StormConfig(fastest_donors=1))
+    fastest = _reused(db, tmp_path / "fastest.db")
+    assert asked == [1, 4]
+    assert nearest[0] != fastest[0]

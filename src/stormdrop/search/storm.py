@@ -74,10 +74,11 @@ class StormConfig:
     # it was measured, RESULTS.md).
     donor_order: str = "class"
     # k > 1: of the nearest k donors in that order (the task's very workload elsewhere, a hub's
-    # exact hit, always first), the fastest (FLOPs a second of its best record) is tried first
-    # (search.donors): the nearest is often a sibling or hub entry tuned briefly, and its transfer
-    # inherits that.
-    fastest_donors: int = 1
+    # exact hit, always first), the fastest (FLOPs a second of its best record) among those whose
+    # shapes are near the nearest's is tried first (search.donors): the nearest is often a sibling
+    # or hub entry tuned briefly, and its transfer inherits that. 4: faster where it was measured at
+    # 128 trials, and never slower beyond the runs' spread (docs/guide.md "Reuse"); 1: nearest first.
+    fastest_donors: int = 4
     # Reuse also moves each donor's decisions into every sketch of the workload (reuse.in_sketches)
     # and measures each donor's transfers together, nearest donor first, up to the reuse budget
     # (False: one transfer a donor, the donor's own structure).
