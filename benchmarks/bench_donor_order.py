@@ -33,7 +33,7 @@ from stormdrop import (  # noqa: E402
     open_database,
     tune_kernel,
 )
-from stormdrop.search.donors import FASTEST_WITHIN, donors, shape_distance  # noqa: E402
+from stormdrop.search.donors import donors, fastest_near, shape_distance  # noqa: E402
 from stormdrop.search.reuse import transfer  # noqa: E402
 from stormdrop.search.sketches import Sketches  # noqa: E402
 from stormdrop.storage.hub import open_hub  # noqa: E402
@@ -71,9 +71,8 @@ def pick(rule: str, secs: list[float], info: list[dict]) -> int:
         return 0  # (this very workload, the hub's, comes first whatever the rule)
     if rule == "fastest":  # the fastest of the k whatever its size (StormConfig.fastest_donors' first rule)
         return max(range(len(info)), key=lambda i: info[i]["flops_per_s"])
-    if rule == "fastest near":
-        near = [i for i in range(len(info)) if info[i]["distance"] <= info[0]["distance"] + FASTEST_WITHIN]
-        return max(near, key=lambda i: info[i]["flops_per_s"])
+    if rule == "fastest near":  # search.donors' own pick
+        return fastest_near([d["distance"] for d in info], [d["flops_per_s"] for d in info])
     return min(range(len(secs)), key=lambda i: secs[i])
 
 

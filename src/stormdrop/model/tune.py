@@ -257,10 +257,11 @@ def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = 
                 storm_trials = storm_share(trials, len(tasks), trials_per_task, first)
                 leads = [lead_batch(first, n, search.storm.batch_size, search.storm.lead_samples)
                          for n in heirs([s.entry.op_class for s in sessions])]
-                drop = search.raindrop if not search.raindrop.batch_by_share else replace(
-                    search.raindrop, batch_size=raindrop_batch(trials, len(tasks), search.raindrop.batch_size))
+                drop = search.raindrop
+                task_search = search if not drop.batch_by_share else replace(search, raindrop=replace(
+                    drop, batch_size=raindrop_batch(trials, len(tasks), drop.batch_size)))
                 tuners = [TaskTuner(s, trials=storm_trials, exploit_trials=trials_per_task - storm_trials,
-                                    search=replace(search, raindrop=drop),
+                                    search=task_search,
                                     first_batch=first, lead_batch=lead, donor_dbs=donor_dbs)
                           for s, lead in zip(sessions, leads)]
                 # no global cap and no time budget: the per-task caps bound the run

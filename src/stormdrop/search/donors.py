@@ -92,6 +92,7 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, others: Sequence
     """
     if order not in ("class", "shape"):
         raise ValueError(f"donor order {order!r}: 'class' or 'shape'")
+    mine = _arg_shapes(entry.mod)  # once, not once a donor
     found = []
     for source in (db, *others):
         exact_only = source.exact_only and exact_sources  # looked up, not listed: a hub decodes what is asked
@@ -105,28 +106,20 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, others: Sequence
             same = other.shash == entry.shash and tvm_ffi.structural_equal(other.mod, entry.mod)
             if (same and source is db) or (not same and exact_only):
                 continue
-            found.append((source, other, (not same, rank)))
-
-    mine = _arg_shapes(entry.mod)  # once, not once a donor
-
-    def nearness(d) -> tuple[float, float]:
-        other = d[1]
-        return (_distance(_entry_shapes(other), mine),
-                abs(math.log(max(other.flops, 1)) - math.log(max(entry.flops, 1))))
+            found.append((source, other, (not same, rank), _nearness(other, entry, mine)))
 
     def key(d):
-        (elsewhere, rank), near = d[2], nearness(d)  # not this very workload (tuned elsewhere), the relation
+        (elsewhere, rank), near = d[2], d[3]  # not this very workload (tuned elsewhere), the relation
         return (elsewhere, rank, *near) if order == "class" else (elsewhere, near[0], rank, near[1])
 
     found.sort(key=key)
     head: list[tuple[float, float, WorkloadEntry, list]] = []  # the nearest fastest_of: (distance, FLOPs/s, ...)
-    for d in found:
-        source, other, (elsewhere, _) = d
+    for source, other, (elsewhere, _), near in found:
         best = source.best(other.workload_id, target_key, k=per_donor)
         if not best:
             continue
         if fastest_of > 1 and elsewhere and len(head) < fastest_of:
-            head.append((nearness(d)[0], other.flops / max(best[0].mean, 1e-12), other, best))
+            head.append((near[0], other.flops / max(best[0].mean, 1e-12), other, best))
             if len(head) == fastest_of:
                 yield from _fastest_first(head)
             continue
@@ -135,15 +128,28 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, others: Sequence
         yield from _fastest_first(head)
 
 
+def _nearness(other: WorkloadEntry, entry: WorkloadEntry, mine: list[tuple[int, ...]] | None) -> tuple[float, float]:
+    """How near a donor is to ``entry`` (whose parameter shapes are ``mine``): their shape distance,
+    then the |log| ratio of their FLOPs."""
+    return (_distance(_entry_shapes(other), mine),
+            abs(math.log(max(other.flops, 1)) - math.log(max(entry.flops, 1))))
+
+
 FASTEST_WITHIN = 2.0  # shape distance (summed |log| ratios of the dims) from the nearest donor's
 
 
+def fastest_near(distances: Sequence[float], speeds: Sequence[float]) -> int:
+    """Of donors nearest first (their shape ``distances`` and FLOPs a second), the index of the
+    fastest within ``FASTEST_WITHIN`` of the nearest's distance: the one ``fastest_of`` tries first."""
+    near = [i for i, d in enumerate(distances) if d <= distances[0] + FASTEST_WITHIN]
+    return max(near, key=lambda i: speeds[i])
+
+
 def _fastest_first(head: list[tuple[float, float, WorkloadEntry, list]]) -> Iterator[tuple[WorkloadEntry, list[str]]]:
-    """The nearest donors (distance, FLOPs a second, workload, best records; nearest first), the fastest
-    of those within ``FASTEST_WITHIN`` of the nearest moved to the front."""
-    near = [h for h in head if h[0] <= head[0][0] + FASTEST_WITHIN]
-    first = max(near, key=lambda h: h[1])
-    for h in [first, *(h for h in head if h is not first)]:
+    """The nearest donors (distance, FLOPs a second, workload, best records; nearest first), the one
+    ``fastest_near`` picks moved to the front."""
+    first = fastest_near([h[0] for h in head], [h[1] for h in head])
+    for h in [head[first], *head[:first], *head[first + 1:]]:
         yield h[2], [r.trace_json for r in h[3]]
 
 

@@ -246,7 +246,7 @@ def transfers(db: Database, entry: WorkloadEntry, target_key: str, postprocs: li
     ``exact_sources``, ``fastest_of``: as ``donors.donors`` takes them."""
     groups, seen = [], set()
     for donor, traces in donors(db, entry, target_key, others, per_donor, order, exact_sources,
-                                fastest_of):
+                                fastest_of=fastest_of):
         if len(groups) >= limit or (enough and sum(map(len, groups)) >= enough):
             break
         group = []
