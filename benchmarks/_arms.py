@@ -21,6 +21,8 @@ _ARMS = {"cold_tuned": ("tuned with the caches flushed (--cache-flush", "tuned w
                            "copies / TVM's", False, "concatenations as copies"),
          "split_concats": ("tuned with concatenations before convolutions computed as partial convolutions "
                            "(--split-concats ab", "as lowered", "split / as lowered", False, "split concatenations"),
+         "nchw_shuffles": ("tuned with channel shuffles in NCHW (--nhwc-shuffles ab", "NHWC shuffles",
+                           "NCHW / NHWC shuffles", False, "NCHW shuffles"),
          "direct": ("tuned with every convolution direct (--winograd-ab", "as lowered", "direct / as lowered", False,
                     "direct"),
          "no_hub": ("tuned without the schedule hub (--hub ab", "with the hub", "no hub / hub", False, "no hub"),
@@ -101,6 +103,8 @@ LOWERING_SWITCHES = {
     "concat_copies": ("select_concat", "concatenations alone as one copy per input"),
     "split_concats": ("split_concats", "channel concatenations that feed only convolutions computed as partial "
                       "convolutions of their inputs"),
+    "nhwc_shuffles": ("nchw_shuffles", "an NHWC model's channel shuffles (and the slices and concatenations "
+                      "around them) computed in NHWC"),
 }
 
 
@@ -113,6 +117,11 @@ def add_lowering_switches(p) -> None:
         p.add_argument("--" + field.replace("_", "-"), default=default, choices=["on", "off", "ab"],
                        help=f"{what} (on), not (off), or both, timed in turns with the peers (ab); default: "
                             "the library's")
+
+
+def lowering_switch_argv(args) -> list[str]:
+    """The ``LOWERING_SWITCHES`` flags of parsed ``args`` as command-line arguments again (to pass on)."""
+    return [a for field in LOWERING_SWITCHES for a in ("--" + field.replace("_", "-"), getattr(args, field))]
 
 
 def lowering_switches(args) -> dict:

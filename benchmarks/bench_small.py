@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prior-ab-alone", type=int, default=None, metavar="N",
                    help="with --prior-ab: that arm's StormConfig.prior_alone (bench_models.py)")
     _arms.add_config_arm_flags(p)
+    _arms.add_lowering_switches(p)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/RESULTS.md")
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                                             + (["--prior-ab", args.prior_ab] if args.prior_ab else [])
                                             + (["--prior-ab-alone", str(args.prior_ab_alone)]
                                                if args.prior_ab_alone is not None else [])
-                                            + _arms.config_arm_argv(args))
+                                            + _arms.config_arm_argv(args) + _arms.lowering_switch_argv(args))
             r = bench_models.bench_one(model, margs, target)
             r = {k: ({kk: vv for kk, vv in v.items() if kk != "ex"} if isinstance(v, dict) else v) for k, v in r.items()}
             stem = os.path.splitext(os.path.basename(name))[0]  # an exported file's network

@@ -31,6 +31,7 @@ import tvm
 from tvm import relax, te, topi
 from tvm.target import Target
 
+from stormdrop.lowering import shuffles
 from stormdrop.target import vector_lanes
 from stormdrop.tvm_compat.relax_passes import nonnegative_squeeze_axes
 
@@ -178,19 +179,21 @@ def resolve(layout: str, target: Target) -> str:
     return "nhwc" if target.kind.name == "llvm" else "nchw"
 
 
-def convert_layout(mod: tvm.IRModule, target: Target, layout: str) -> tvm.IRModule:
+def convert_layout(mod: tvm.IRModule, target: Target, layout: str, nhwc_shuffles: bool = True) -> tvm.IRModule:
     """The model with its convolutions (and their neighbours) in ``layout`` (not yet legalized).
 
     ``nhwc``: NHWC activations, HWIO weights (TVM's own legalization, ``topi.nn.conv``);
     ``blocked``: ``NCHW{b}c`` (x86 targets with a known vector width; others keep NCHW),
     legalized by ``legalizations``; ``nchw``: unchanged; ``auto``: see ``resolve``.
+    ``nhwc_shuffles``: an NHWC model's channel shuffles computed in NHWC (``shuffles.nhwc``).
     """
     layout = resolve(layout, target)
     if layout == "nchw" or not has_conv2d(mod):
         return mod
     mod = nonnegative_squeeze_axes(mod)
     if layout == "nhwc":
-        return read_inputs_nchw(fold_permutes(relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(mod)))
+        mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(mod)
+        return read_inputs_nchw(fold_permutes(shuffles.nhwc(mod) if nhwc_shuffles else mod))
     width = channel_block(target)
     if width is None:
         return mod

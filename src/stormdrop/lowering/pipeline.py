@@ -33,7 +33,7 @@ from stormdrop.tvm_compat.intrinsics import load_tensor_intrinsics
 from stormdrop.tvm_compat.relax_passes import combine_parallel_matmuls
 
 # switches a tune notes (``Lowering.noted``): a note without one was of a tune before it
-NOTED_SWITCHES = ("pad_conv_columns", "concat_copies")
+NOTED_SWITCHES = ("pad_conv_columns", "concat_copies", "nhwc_shuffles")
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,8 @@ class Lowering:
     On by default.
     ``split_concats``: channel concatenations that feed only convolutions (a SqueezeNet's fire
     modules) computed as partial convolutions of their inputs, summed (``concat_split``), on CPUs.
+    ``nhwc_shuffles``: an NHWC model's channel shuffles (ShuffleNet's) computed in NHWC, and the
+    slices and concatenations around them (``shuffles``). On by default.
     """
 
     layout: str = "auto"
@@ -78,6 +80,7 @@ class Lowering:
     pad_conv_columns: bool = True
     concat_copies: bool = True
     split_concats: bool = False
+    nhwc_shuffles: bool = True
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -119,7 +122,7 @@ class Lowering:
             mod = attention.pad_sequences(mod)
         if self.combine_matmuls:  # Q, K and V projections (matmuls sharing their input) as one GEMM
             mod = combine_parallel_matmuls(mod)
-        return relax.transform.Normalize()(convert_layout(mod, target, self.layout))
+        return relax.transform.Normalize()(convert_layout(mod, target, self.layout, self.nhwc_shuffles))
 
     def _before_legalization(self, mod: tvm.IRModule, target: Target) -> tvm.IRModule:
         """``_laid_out`` with the weights' layouts computed (``constants.fold``), and the graph
