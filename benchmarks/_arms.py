@@ -21,6 +21,8 @@ _ARMS = {"cold_tuned": ("tuned with the caches flushed (--cache-flush", "tuned w
                            "copies / TVM's", False, "concatenations as copies"),
          "split_concats": ("tuned with concatenations before convolutions computed as partial convolutions "
                            "(--split-concats ab", "as lowered", "split / as lowered", False, "split concatenations"),
+         "narrow_columns": ("tuned with narrow convolution channels padded too (--pad-narrow-columns ab",
+                            "as lowered", "padded narrow / as lowered", False, "narrow channels padded"),
          "nchw_shuffles": ("tuned with channel shuffles in NCHW (--nhwc-shuffles ab", "NHWC shuffles",
                            "NCHW / NHWC shuffles", False, "NCHW shuffles"),
          "direct": ("tuned with every convolution direct (--winograd-ab", "as lowered", "direct / as lowered", False,
@@ -100,6 +102,8 @@ LOWERING_SWITCHES = {
                     "vector width computed over zero-weight columns"),
     "pad_conv_columns": ("unpadded_conv_columns", "convolutions whose channel count pads to the vector width for "
                          "at most 1/32 more channels computed over zero-weight channels"),
+    "pad_narrow_columns": ("narrow_columns", "with --pad-conv-columns, convolutions whose channel count tiles to "
+                           "a quarter of the vector width or less computed over zero-weight channels"),
     "concat_copies": ("select_concat", "concatenations alone as one copy per input"),
     "split_concats": ("split_concats", "channel concatenations that feed only convolutions computed as partial "
                       "convolutions of their inputs"),

@@ -46,6 +46,10 @@ def test_padded_column_counts():
     # nearly free: at most 1/32 more columns (1000 -> 1008, 440 -> 448), not 44 -> 48 or 184 -> 192
     assert [padded_columns.nearly_free(n, 16) for n in (1000, 440, 1008, 44, 184, 31)] == \
         [True, True, False, False, False, False]
+    # narrow: tiles to a quarter of the lanes or less, at most 1/8 more (ShuffleNet's 58 -> 64, 116 -> 128)
+    assert [padded_columns.narrow(n, 16) for n in (58, 116, 44, 232, 40, 36, 24, 1000, 128)] == \
+        [True, True, True, False, False, False, False, False, False]
+    assert [padded_columns.narrow(n, 8) for n in (58, 116, 1000)] == [True, False, False]
 
 
 @pytest.mark.slow
@@ -107,7 +111,8 @@ def test_a_convolution_with_constant_weights_is_computed_over_padded_channels_an
     ref, _ = run_onnxruntime(model.onnx_model, inputs, 2)
     goal = padded_columns.padded(COLUMNS, lanes)
     for pad in (True, False):
-        fused, _ = extract_tasks(model, TARGET, Lowering(layout=layout, winograd="off", pad_columns=pad))
+        fused, _ = extract_tasks(model, TARGET, Lowering(layout=layout, winograd="off", pad_columns=pad,
+                                                             pad_narrow_columns=False))
         # the depthwise convolution's weights (COLUMNS output channels) stay as they were
         assert _conv_output_channels(fused, layout) == sorted([COLUMNS, *[goal if pad else COLUMNS] * 2]), (pad, layout)
         names = [gv.name_hint for gv, f in fused.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
@@ -134,16 +139,16 @@ def _classifier_model():
 
 
 @pytest.mark.slow
-def test_only_convolutions_padded_nearly_free_are_padded_by_pad_conv_columns():
+def test_only_convolutions_padded_nearly_free_or_narrow_are_padded_by_pad_conv_columns():
     lanes = vector_lanes(TARGET)
     if lanes != 16:
         pytest.skip("1000 pads nearly free to a multiple of 16 lanes only (AVX-512)")
     model = _classifier_model()
     inputs = random_inputs(model, 0)
     ref, _ = run_onnxruntime(model.onnx_model, inputs, 2)
-    for pad in (True, False):
-        fused, _ = extract_tasks(model, TARGET, Lowering(pad_conv_columns=pad))
-        assert _conv_output_channels(fused, "nhwc") == [COLUMNS, 1008 if pad else 1000], pad
+    for pad, narrow in ((True, False), (False, False), (True, True)):  # narrow: 44 channels are 4 lanes of 16
+        fused, _ = extract_tasks(model, TARGET, Lowering(pad_conv_columns=pad, pad_narrow_columns=narrow))
+        assert _conv_output_channels(fused, "nhwc") == [48 if narrow else COLUMNS, 1008 if pad else 1000], pad
         assert _weight_columns(fused) == [COLUMNS], pad  # the linear layer's product: not padded
         ex = tvm.compile(apply_records(fused, ms.database.MemoryDatabase(), TARGET), target=TARGET)
         outs, _ = run_model(ex, inputs, TARGET, time_it=False)

@@ -13,7 +13,10 @@ float32 convolutions in plain layouts (a squeezenet's 1x1 classifier over 1000 c
 constant weights are padded on their output-channel axis and whose output is cropped on its
 channel axis. ``legalizations(..., only_nearly_free=True)`` pads convolutions only, and only where the
 padding adds at most ``1 / NEARLY_FREE`` more channels (a 1000-channel classifier's 1008: the
-vector width doubled for under one percent more work), not a mobile network's 40 or 72.
+vector width doubled for under one percent more work), not a mobile network's 40 or 72; with
+``narrow=True`` also where the channel count tiles to at most a quarter of the vector width and
+the padding adds at most ``1 / NARROW_COST`` more (a ShuffleNet's 58 and 116 channels: 2 and 4
+lanes of 16, padded to 64 and 128).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from stormdrop.lowering.padded_rows import crop_rows
 from stormdrop.target import vector_lanes
 
 NEARLY_FREE = 32  # nearly_free pads where the added columns are at most 1/32 of the columns
+NARROW_COST = 8  # narrow pads where the added columns are at most 1/8 of the columns
 
 
 def padded(columns: int, lanes: int) -> int:
@@ -46,6 +50,13 @@ def nearly_free(columns: int, lanes: int) -> bool:
     return goal != columns and (goal - columns) * NEARLY_FREE <= columns
 
 
+def narrow(columns: int, lanes: int) -> bool:
+    """Whether the widest vector tile of ``columns`` (the largest power of two dividing it) is at
+    most a quarter of ``lanes`` and ``padded`` adds at most ``1 / NARROW_COST`` of the columns."""
+    goal = padded(columns, lanes)
+    return goal != columns and (columns & -columns) * 4 <= lanes and (goal - columns) * NARROW_COST <= columns
+
+
 def _weights(call: relax.Call, lanes: int | None) -> tuple[np.ndarray, int] | None:
     """(the constant weights, their padded column count) where the rewrite applies, else ``None``."""
     x, w = call.args
@@ -59,8 +70,8 @@ def _weights(call: relax.Call, lanes: int | None) -> tuple[np.ndarray, int] | No
     return None if goal == columns else (w.value.numpy(), goal)
 
 
-def _conv_weights(bb: relax.BlockBuilder, call: relax.Call, lanes: int | None,
-                  only_nearly_free: bool = False) -> tuple[np.ndarray, int, int, int] | None:
+def _conv_weights(bb: relax.BlockBuilder, call: relax.Call, lanes: int | None, only_nearly_free: bool = False,
+                  narrow_too: bool = False) -> tuple[np.ndarray, int, int, int] | None:
     """(the constant weights, their output-channel axis, the output's channel axis, the padded
     channel count) where the rewrite applies to a conv2d, else ``None``. The weights are a
     constant or a variable bound to one (``constants.fold``)."""
@@ -79,21 +90,23 @@ def _conv_weights(bb: relax.BlockBuilder, call: relax.Call, lanes: int | None,
     axis = kernel.index("O")
     channels = int(w.value.shape[axis])
     goal = padded(channels, lanes)
-    if goal == channels or (only_nearly_free and not nearly_free(channels, lanes)):
+    if goal == channels or (only_nearly_free and not nearly_free(channels, lanes)
+                            and not (narrow_too and narrow(channels, lanes))):
         return None
     return w.value.numpy(), axis, out.index("C"), goal
 
 
 def legalizations(inner: Callable[[relax.BlockBuilder, relax.Call], relax.Expr],
                   inner_conv: Callable[[relax.BlockBuilder, relax.Call], relax.Expr],
-                  only_nearly_free: bool = False) -> dict[str, Any]:
+                  only_nearly_free: bool = False, narrow: bool = False) -> dict[str, Any]:
     """``LegalizeOps`` overrides of ``relax.matmul`` and ``relax.nn.conv2d`` that pad the columns
     where they apply and hand every product (padded or not) to ``inner`` and every convolution to
     ``inner_conv``, the rules that legalize them otherwise. ``only_nearly_free``: convolutions
-    only, where padding them is nearly free (``nearly_free``)."""
+    only, where padding them is nearly free (``nearly_free``), or with ``narrow`` where their
+    channels are narrow (``narrow``)."""
 
     def legalize_conv(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-        found = _conv_weights(bb, call, vector_lanes(tvm.target.Target.current()), only_nearly_free)
+        found = _conv_weights(bb, call, vector_lanes(tvm.target.Target.current()), only_nearly_free, narrow)
         if found is None:
             return inner_conv(bb, call)
         weights, axis, out_axis, goal = found
