@@ -31,7 +31,6 @@ import tvm
 from tvm import relax, te, topi
 from tvm.target import Target
 
-from stormdrop.lowering import shuffles
 from stormdrop.target import vector_lanes
 from stormdrop.tvm_compat.relax_passes import nonnegative_squeeze_axes
 
@@ -192,6 +191,8 @@ def convert_layout(mod: tvm.IRModule, target: Target, layout: str, nhwc_shuffles
         return mod
     mod = nonnegative_squeeze_axes(mod)
     if layout == "nhwc":
+        from stormdrop.lowering import shuffles  # (shuffles reads this module's helpers)
+
         mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(mod)
         return read_inputs_nchw(fold_permutes(shuffles.nhwc(mod) if nhwc_shuffles else mod))
     width = channel_block(target)
@@ -200,7 +201,8 @@ def convert_layout(mod: tvm.IRModule, target: Target, layout: str, nhwc_shuffles
     return relax.transform.ConvertLayout({}, _desired(width))(mod)
 
 
-def _axes(call: relax.Call) -> list[int]:
+def permute_axes(call: relax.Call) -> list[int]:
+    """The axes of a ``permute_dims`` call (``None``: reversed)."""
     ndim = len(call.ty.shape)
     return list(range(ndim))[::-1] if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
 
@@ -221,11 +223,11 @@ def fold_permutes(mod: tvm.IRModule) -> tvm.IRModule:
             call = super().visit_call_(call)
             if not is_permute(call):
                 return call
-            axes, x = _axes(call), call.args[0]
+            axes, x = permute_axes(call), call.args[0]
             inner = self.lookup_binding(x) if isinstance(x, relax.Var) else None
             composed = is_permute(inner)
             if composed:
-                axes, x = [_axes(inner)[a] for a in axes], inner.args[0]
+                axes, x = [permute_axes(inner)[a] for a in axes], inner.args[0]
             if axes == list(range(len(axes))):
                 return x
             return relax.op.permute_dims(x, axes) if composed else call
@@ -253,7 +255,7 @@ def read_inputs_nchw(mod: tvm.IRModule) -> tvm.IRModule:
                 return call
             x = call.args[0]
             inner = self.lookup_binding(x) if isinstance(x, relax.Var) else None
-            if not (isinstance(inner, relax.Call) and inner.op.same_as(permute) and _axes(inner) == [0, 2, 3, 1]):
+            if not (isinstance(inner, relax.Call) and inner.op.same_as(permute) and permute_axes(inner) == [0, 2, 3, 1]):
                 return call
             return relax.op.nn.conv2d(inner.args[0], call.args[1], a.strides, a.padding, a.dilation, a.groups,
                                       "NCHW", "HWIO", "NHWC", a.out_dtype)

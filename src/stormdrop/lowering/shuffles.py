@@ -23,6 +23,9 @@ from typing import Any
 import tvm
 from tvm import relax
 
+from stormdrop.lowering.layout import permute_axes as _axes
+from stormdrop.lowering.layout import static_shape as _shape
+
 TO_NCHW = [0, 3, 1, 2]
 
 _PERMUTE = "relax.permute_dims"
@@ -34,19 +37,6 @@ def _op(expr: Any) -> str:
 
 def _ints(values: Any) -> list[int]:
     return [int(getattr(v, "value", v)) for v in values]
-
-
-def _shape(expr: Any) -> list[int] | None:
-    shape = getattr(expr.ty, "shape", None)
-    try:
-        return None if shape is None else [int(v) for v in shape.values]
-    except (TypeError, AttributeError):  # symbolic or unknown
-        return None
-
-
-def _axes(call: relax.Call) -> list[int]:
-    ndim = len(call.ty.shape)
-    return list(range(ndim))[::-1] if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
 
 
 @relax.expr_functor.mutator
