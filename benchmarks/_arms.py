@@ -23,6 +23,8 @@ _ARMS = {"cold_tuned": ("tuned with the caches flushed (--cache-flush", "tuned w
                            "(--split-concats ab", "as lowered", "split / as lowered", False, "split concatenations"),
          "narrow_columns": ("tuned with narrow convolution channels padded too (--pad-narrow-columns ab",
                             "as lowered", "padded narrow / as lowered", False, "narrow channels padded"),
+         "half_columns": ("tuned with half-width convolution channels padded too (--pad-half-columns ab",
+                          "as lowered", "padded half / as lowered", False, "half-width channels padded"),
          "nchw_shuffles": ("tuned with channel shuffles in NCHW (--nhwc-shuffles ab", "NHWC shuffles",
                            "NCHW / NHWC shuffles", False, "NCHW shuffles"),
          "direct": ("tuned with every convolution direct (--winograd-ab", "as lowered", "direct / as lowered", False,
@@ -104,6 +106,8 @@ LOWERING_SWITCHES = {
                          "at most 1/32 more channels computed over zero-weight channels"),
     "pad_narrow_columns": ("narrow_columns", "with --pad-conv-columns, convolutions whose channel count tiles to "
                            "a quarter of the vector width or less computed over zero-weight channels"),
+    "pad_half_columns": ("half_columns", "with --pad-narrow-columns, channel counts that tile to half the vector "
+                         "width padded too (at most 1/16 more)"),
     "concat_copies": ("select_concat", "concatenations alone as one copy per input"),
     "split_concats": ("split_concats", "channel concatenations that feed only convolutions computed as partial "
                       "convolutions of their inputs"),

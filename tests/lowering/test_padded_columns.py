@@ -50,6 +50,9 @@ def test_padded_column_counts():
     assert [padded_columns.narrow(n, 16) for n in (58, 116, 44, 232, 40, 36, 24, 1000, 128)] == \
         [True, True, True, False, False, False, False, False, False]
     assert [padded_columns.narrow(n, 8) for n in (58, 116, 1000)] == [True, False, False]
+    # and with half: half the lanes, at most 1/16 more (232 -> 240), not 120 -> 128 or 40 -> 48
+    assert [padded_columns.narrow(n, 16, half=True) for n in (232, 200, 58, 120, 40, 128)] == \
+        [True, True, True, False, False, False]
 
 
 @pytest.mark.slow

@@ -34,6 +34,7 @@ from stormdrop.target import vector_lanes
 
 NEARLY_FREE = 32  # nearly_free pads where the added columns are at most 1/32 of the columns
 NARROW_COST = 8  # narrow pads where the added columns are at most 1/8 of the columns
+HALF_COST = 16  # narrow(half=True) pads half-width tiles where the added columns are at most 1/16
 
 
 def padded(columns: int, lanes: int) -> int:
@@ -50,11 +51,16 @@ def nearly_free(columns: int, lanes: int) -> bool:
     return goal != columns and (goal - columns) * NEARLY_FREE <= columns
 
 
-def narrow(columns: int, lanes: int) -> bool:
+def narrow(columns: int, lanes: int, half: bool = False) -> bool:
     """Whether the widest vector tile of ``columns`` (the largest power of two dividing it) is at
-    most a quarter of ``lanes`` and ``padded`` adds at most ``1 / NARROW_COST`` of the columns."""
-    goal = padded(columns, lanes)
-    return goal != columns and (columns & -columns) * 4 <= lanes and (goal - columns) * NARROW_COST <= columns
+    most a quarter of ``lanes`` and ``padded`` adds at most ``1 / NARROW_COST`` of the columns, or,
+    with ``half``, half of ``lanes`` for at most ``1 / HALF_COST`` more (232 -> 240 on 16 lanes)."""
+    goal, tile = padded(columns, lanes), columns & -columns
+    if goal == columns:
+        return False
+    if tile * 4 <= lanes:
+        return (goal - columns) * NARROW_COST <= columns
+    return half and tile * 2 == lanes and (goal - columns) * HALF_COST <= columns
 
 
 def _weights(call: relax.Call, lanes: int | None) -> tuple[np.ndarray, int] | None:
@@ -71,7 +77,7 @@ def _weights(call: relax.Call, lanes: int | None) -> tuple[np.ndarray, int] | No
 
 
 def _conv_weights(bb: relax.BlockBuilder, call: relax.Call, lanes: int | None, only_nearly_free: bool = False,
-                  narrow_too: bool = False) -> tuple[np.ndarray, int, int, int] | None:
+                  narrow_too: bool = False, half_too: bool = False) -> tuple[np.ndarray, int, int, int] | None:
     """(the constant weights, their output-channel axis, the output's channel axis, the padded
     channel count) where the rewrite applies to a conv2d, else ``None``. The weights are a
     constant or a variable bound to one (``constants.fold``)."""
@@ -91,22 +97,23 @@ def _conv_weights(bb: relax.BlockBuilder, call: relax.Call, lanes: int | None, o
     channels = int(w.value.shape[axis])
     goal = padded(channels, lanes)
     if goal == channels or (only_nearly_free and not nearly_free(channels, lanes)
-                            and not (narrow_too and narrow(channels, lanes))):
+                            and not (narrow_too and narrow(channels, lanes, half_too))):
         return None
     return w.value.numpy(), axis, out.index("C"), goal
 
 
 def legalizations(inner: Callable[[relax.BlockBuilder, relax.Call], relax.Expr],
                   inner_conv: Callable[[relax.BlockBuilder, relax.Call], relax.Expr],
-                  only_nearly_free: bool = False, narrow: bool = False) -> dict[str, Any]:
+                  only_nearly_free: bool = False, narrow: bool = False, half: bool = False) -> dict[str, Any]:
     """``LegalizeOps`` overrides of ``relax.matmul`` and ``relax.nn.conv2d`` that pad the columns
     where they apply and hand every product (padded or not) to ``inner`` and every convolution to
     ``inner_conv``, the rules that legalize them otherwise. ``only_nearly_free``: convolutions
     only, where padding them is nearly free (``nearly_free``), or with ``narrow`` where their
-    channels are narrow (``narrow``)."""
+    channels are narrow (``narrow``, with ``half`` its half-width tier too)."""
 
     def legalize_conv(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-        found = _conv_weights(bb, call, vector_lanes(tvm.target.Target.current()), only_nearly_free, narrow)
+        found = _conv_weights(bb, call, vector_lanes(tvm.target.Target.current()), only_nearly_free, narrow,
+                              half)
         if found is None:
             return inner_conv(bb, call)
         weights, axis, out_axis, goal = found

@@ -33,7 +33,7 @@ from stormdrop.tvm_compat.intrinsics import load_tensor_intrinsics
 from stormdrop.tvm_compat.relax_passes import combine_parallel_matmuls
 
 # switches a tune notes (``Lowering.noted``): a note without one was of a tune before it
-NOTED_SWITCHES = ("pad_conv_columns", "concat_copies", "nhwc_shuffles", "pad_narrow_columns")
+NOTED_SWITCHES = ("pad_conv_columns", "concat_copies", "nhwc_shuffles", "pad_narrow_columns", "pad_half_columns")
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,8 @@ class Lowering:
     ``pad_narrow_columns``: with ``pad_conv_columns``, also those whose channel count tiles to a
     quarter of the vector width or less, for at most 1/8 more channels (``padded_columns.narrow``:
     a ShuffleNet's 58 and 116). On by default.
+    ``pad_half_columns``: with ``pad_narrow_columns``, also channel counts that tile to half the
+    vector width, for at most 1/16 more channels (a ShuffleNet's 232). On by default.
     ``concat_copies``: concatenations that fusion leaves alone as one vectorizable copy per input
     into its slice of the output (``concat``) instead of TVM's per-element choice of input, on CPUs.
     On by default.
@@ -82,6 +84,7 @@ class Lowering:
     pad_columns: bool = False
     pad_conv_columns: bool = True
     pad_narrow_columns: bool = True
+    pad_half_columns: bool = True
     concat_copies: bool = True
     split_concats: bool = False
     nhwc_shuffles: bool = True
@@ -176,7 +179,8 @@ class Lowering:
                 inner = rules.get("relax.matmul") or tvm.ir.Op.get("relax.matmul").get_attr("FLegalize")
                 rules.update(padded_columns.legalizations(inner, rules["relax.nn.conv2d"],
                                                           only_nearly_free=not self.pad_columns,
-                                                          narrow=self.pad_narrow_columns))
+                                                          narrow=self.pad_narrow_columns,
+                                                          half=self.pad_half_columns))
             mod = relax.transform.LegalizeOps(rules)(mod)
             fused = relax.get_pipeline("zero")(mod)
             if self.concat_copies and cpu:
