@@ -24,14 +24,12 @@ import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 
+from stormdrop.lowering.layout import op_name as _op
 from stormdrop.lowering.layout import static_shape
 
 MAX_INPUTS = 4  # more parts than this: the kernels' own overheads add up
 _POOLS = ("relax.nn.max_pool2d", "relax.nn.avg_pool2d")
 
-
-def _op(value: Any) -> str:
-    return value.op.name if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) else ""
 
 
 def _shape(expr: Any) -> list[int] | None:

@@ -151,6 +151,11 @@ def static_shape(expr: Any) -> list[int] | None:
         return None
 
 
+def op_name(expr: Any) -> str:
+    """The name of the Relax operator ``expr`` calls (``""``: no operator call)."""
+    return expr.op.name if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) else ""
+
+
 def op_calls(func: relax.Function) -> list[relax.Call]:
     """Every call of a Relax operator in ``func``, in post order."""
     calls: list[relax.Call] = []

@@ -11,10 +11,10 @@ output keep their shapes and only its intermediate and constant weights grow. Ap
 to float32 products whose ``w`` is a 2-D constant (``tvm.ir.expr.Constant``), and to ungrouped
 float32 convolutions in plain layouts (a squeezenet's 1x1 classifier over 1000 channels) whose
 constant weights are padded on their output-channel axis and whose output is cropped on its
-channel axis. ``legalizations(..., only_nearly_free=True)`` pads convolutions only, and only where the
+channel axis. ``legalizations(..., convs_only=conv_rule())`` pads convolutions only, and only where the
 padding adds at most ``1 / NEARLY_FREE`` more channels (a 1000-channel classifier's 1008: the
 vector width doubled for under one percent more work), not a mobile network's 40 or 72; with
-``narrow=True`` also where the channel count tiles to at most a quarter of the vector width and
+``conv_rule(narrow_too=True)`` also where the channel count tiles to at most a quarter of the vector width and
 the padding adds at most ``1 / NARROW_COST`` more (a ShuffleNet's 58 and 116 channels: 2 and 4
 lanes of 16, padded to 64 and 128).
 """
@@ -63,6 +63,15 @@ def narrow(columns: int, lanes: int, half: bool = False) -> bool:
     return half and tile * 2 == lanes and (goal - columns) * HALF_COST <= columns
 
 
+ConvRule = Callable[[int, int], bool]  # (output channels, lanes) -> whether to pad the convolution
+
+
+def conv_rule(narrow_too: bool = False, half_too: bool = False) -> ConvRule:
+    """Which convolutions ``legalizations(..., convs_only=...)`` pads: those ``nearly_free`` to pad,
+    and with ``narrow_too`` the ``narrow`` ones (``half_too``: its half-width tier too)."""
+    return lambda columns, lanes: nearly_free(columns, lanes) or (narrow_too and narrow(columns, lanes, half_too))
+
+
 def _weights(call: relax.Call, lanes: int | None) -> tuple[np.ndarray, int] | None:
     """(the constant weights, their padded column count) where the rewrite applies, else ``None``."""
     x, w = call.args
@@ -76,11 +85,12 @@ def _weights(call: relax.Call, lanes: int | None) -> tuple[np.ndarray, int] | No
     return None if goal == columns else (w.value.numpy(), goal)
 
 
-def _conv_weights(bb: relax.BlockBuilder, call: relax.Call, lanes: int | None, only_nearly_free: bool = False,
-                  narrow_too: bool = False, half_too: bool = False) -> tuple[np.ndarray, int, int, int] | None:
+def _conv_weights(bb: relax.BlockBuilder, call: relax.Call, lanes: int | None,
+                  rule: ConvRule | None = None) -> tuple[np.ndarray, int, int, int] | None:
     """(the constant weights, their output-channel axis, the output's channel axis, the padded
-    channel count) where the rewrite applies to a conv2d, else ``None``. The weights are a
-    constant or a variable bound to one (``constants.fold``)."""
+    channel count) where the rewrite applies to a conv2d (and ``rule``, if any, says to pad its
+    channel count), else ``None``. The weights are a constant or a variable bound to one
+    (``constants.fold``)."""
     x, w = call.args
     if isinstance(w, relax.Var):
         w = bb.lookup_binding(w)
@@ -96,24 +106,21 @@ def _conv_weights(bb: relax.BlockBuilder, call: relax.Call, lanes: int | None, o
     axis = kernel.index("O")
     channels = int(w.value.shape[axis])
     goal = padded(channels, lanes)
-    if goal == channels or (only_nearly_free and not nearly_free(channels, lanes)
-                            and not (narrow_too and narrow(channels, lanes, half_too))):
+    if goal == channels or (rule is not None and not rule(channels, lanes)):
         return None
     return w.value.numpy(), axis, out.index("C"), goal
 
 
 def legalizations(inner: Callable[[relax.BlockBuilder, relax.Call], relax.Expr],
                   inner_conv: Callable[[relax.BlockBuilder, relax.Call], relax.Expr],
-                  only_nearly_free: bool = False, narrow: bool = False, half: bool = False) -> dict[str, Any]:
+                  convs_only: ConvRule | None = None) -> dict[str, Any]:
     """``LegalizeOps`` overrides of ``relax.matmul`` and ``relax.nn.conv2d`` that pad the columns
     where they apply and hand every product (padded or not) to ``inner`` and every convolution to
-    ``inner_conv``, the rules that legalize them otherwise. ``only_nearly_free``: convolutions
-    only, where padding them is nearly free (``nearly_free``), or with ``narrow`` where their
-    channels are narrow (``narrow``, with ``half`` its half-width tier too)."""
+    ``inner_conv``, the rules that legalize them otherwise. ``convs_only``: convolutions only, those
+    this rule says to pad (``conv_rule``)."""
 
     def legalize_conv(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-        found = _conv_weights(bb, call, vector_lanes(tvm.target.Target.current()), only_nearly_free, narrow,
-                              half)
+        found = _conv_weights(bb, call, vector_lanes(tvm.target.Target.current()), convs_only)
         if found is None:
             return inner_conv(bb, call)
         weights, axis, out_axis, goal = found
@@ -137,5 +144,5 @@ def legalizations(inner: Callable[[relax.BlockBuilder, relax.Call], relax.Expr],
         return bb.call_te(crop_rows, product, len(product.ty.shape) - 1, int(weights.shape[1]), "T_columns",
                           primfunc_name_hint="columns")
 
-    return {"relax.nn.conv2d": legalize_conv} if only_nearly_free else \
+    return {"relax.nn.conv2d": legalize_conv} if convs_only is not None else \
         {"relax.matmul": legalize, "relax.nn.conv2d": legalize_conv}

@@ -177,10 +177,9 @@ class Lowering:
                 rules["relax.nn.conv2d"] = winograd_legalization(self.winograd, rules["relax.nn.conv2d"])
             if (self.pad_columns or self.pad_conv_columns) and cpu:
                 inner = rules.get("relax.matmul") or tvm.ir.Op.get("relax.matmul").get_attr("FLegalize")
-                rules.update(padded_columns.legalizations(inner, rules["relax.nn.conv2d"],
-                                                          only_nearly_free=not self.pad_columns,
-                                                          narrow=self.pad_narrow_columns,
-                                                          half=self.pad_half_columns))
+                convs = None if self.pad_columns else padded_columns.conv_rule(self.pad_narrow_columns,
+                                                                               self.pad_half_columns)
+                rules.update(padded_columns.legalizations(inner, rules["relax.nn.conv2d"], convs_only=convs))
             mod = relax.transform.LegalizeOps(rules)(mod)
             fused = relax.get_pipeline("zero")(mod)
             if self.concat_copies and cpu:

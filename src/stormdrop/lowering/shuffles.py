@@ -23,6 +23,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
+from stormdrop.lowering.layout import op_name as _op
 from stormdrop.lowering.layout import permute_axes as _axes
 from stormdrop.lowering.layout import static_shape as _shape
 
@@ -30,9 +31,6 @@ TO_NCHW = [0, 3, 1, 2]
 
 _PERMUTE = "relax.permute_dims"
 
-
-def _op(expr: Any) -> str:
-    return expr.op.name if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) else ""
 
 
 def _ints(values: Any) -> list[int]:
