@@ -32,6 +32,8 @@ _ARMS = {"cold_tuned": ("tuned with the caches flushed (--cache-flush", "tuned w
          "no_hub": ("tuned without the schedule hub (--hub ab", "with the hub", "no hub / hub", False, "no hub"),
          "in_order": ("tuned with every task's first round in the model's order (--in-order-ab",
                       "heaviest first", "in order / heaviest first", False, "in order"),
+         "per_trial": ("tuned with the task scheduler's returns counted in trials (--per-trial-ab", "in rounds",
+                       "trials / rounds", False, "in trials"),
          "other_hub": ("tuned with the hub file of --other-hub", "with the shipped hub", "other hub / shipped", False,
                        "other hub"),
          "no_warm_up": ("tuned with candidates timed straight from idle (--warm-up ab", "warmed up",
@@ -172,6 +174,8 @@ def tuning_arms(args, lowering) -> list[tuple[str, dict]]:
         arms.append(("other_hub", {"hub": args.other_hub}))
     if args.in_order_ab:  # the tasks' first rounds in the model's order
         arms.append(("in_order", {"warm_up": "in order"}))
+    if args.per_trial_ab:  # the scheduler's diminishing returns counted in trials (not rounds)
+        arms.append(("per_trial", {"gradient_unit": "trials"}))
     if args.warm_up == "ab":  # candidates timed straight from idle
         arms.append(("no_warm_up", {"warmup_ms": 0.0}))
     if args.prior_ab:  # the cost model starting from another prior

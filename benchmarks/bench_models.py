@@ -67,6 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--in-order-ab", action="store_true",
                    help="tunes with the tasks' first rounds heaviest first (ModelOptions.warm_up='heaviest') and "
                         "once more in the model's order ('in order'), timed in turns with the peers")
+    p.add_argument("--per-trial-ab", action="store_true",
+                   help="also tunes with the task scheduler's diminishing returns counted in trials "
+                        "(ModelOptions.gradient_unit='trials'; the default counts rounds, Ansor's unit), timed in "
+                        "turns with the peers")
     p.add_argument("--hub", default="on", choices=["on", "off", "ab"],
                    help="stormdrop draws reuse donors from the shipped schedule hub of the target's ISA class (on, "
                         "the library's default), not (off), or tunes both ways, timed in turns with the peers (ab)")
@@ -159,7 +163,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
                  hub: bool | str = args.hub != "off", warmup_ms: float = warmup_ms, prior_file: str | None = None,
                  prior_alone: int | None = None, storm: dict | None = None,
                  warm_up: str = "heaviest" if args.in_order_ab else ModelOptions.warm_up, measure: dict | None = None,
-                 raindrop: dict | None = None):
+                 raindrop: dict | None = None, gradient_unit: str = ModelOptions.gradient_unit):
             return tune_model(model,
                               ModelOptions(trials=None if args.time_budget else args.trials,
                                            trials_per_task=args.trials_per_task, time_budget=args.time_budget,
@@ -170,6 +174,7 @@ def bench_one(name: str, args: argparse.Namespace, target) -> dict:
                                                **({} if prior_alone is None else {"prior_alone": prior_alone}),
                                                **(storm or {}))),
                                            in_model_candidates=args.in_model_candidates, warm_up=warm_up,
+                                           gradient_unit=gradient_unit,
                                            measure=MeasureConfig(cache_flush=cache_flush, warmup_ms=warmup_ms,
                                                                  **(measure or {}))),
                               target=target, db=db)

@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --prior-ab: that arm's StormConfig.prior_alone (bench_models.py)")
     _arms.add_config_arm_flags(p)
     _arms.add_lowering_switches(p)
+    p.add_argument("--per-trial-ab", action="store_true",
+                   help="also tune with the task scheduler's diminishing returns counted in trials (not rounds)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/RESULTS.md")
@@ -79,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                                              "--hub", args.hub]
                                             + (["--resolution", str(res)] if res else [])
                                             + (["--other-hub", args.other_hub] if args.other_hub else [])
+                                            + (["--per-trial-ab"] if args.per_trial_ab else [])
                                             + (["--prior-ab", args.prior_ab] if args.prior_ab else [])
                                             + (["--prior-ab-alone", str(args.prior_ab_alone)]
                                                if args.prior_ab_alone is not None else [])

@@ -118,6 +118,10 @@ class _Session:
     def tally(self):
         return {}
 
+    def spent(self):  # the stored records: this run's measurements (no earlier run here)
+        t = self.result.trials
+        return t["reuse"] + t["storm"] + t["raindrop"]
+
 
 def _one_builder(build_s, run_s):
     """A gateway's time estimates with one builder: a batch of n candidates takes n builds and n runs."""
@@ -382,3 +386,42 @@ def test_a_global_trial_cap_of_a_few_trials_a_task_shrinks_the_raindrop_batch():
     assert raindrop_batch(128, 19, 8) == 8  # resnet18: 6.7 a task, rounded up to 8
     assert raindrop_batch(1000, 19, 8) == 8 and raindrop_batch(None, 19, 8) == 8  # no smaller than it was
     assert raindrop_batch(128, 0, 8) == 8
+
+
+def test_diminishing_returns_count_trials_not_rounds():
+    """A task whose one round measured nine candidates promises less than one that measured a single
+    transfer: in trials the next round goes to the task of one trial, even where its weight x
+    latency is half the other's; in rounds (Ansor's unit, the default) both count one round and
+    the costlier task takes it again."""
+    def pick(unit: str) -> int:
+        tasks = [TaskState(1, 1e9, "conv2d"), TaskState(1, 1e9, "dense")]
+        sched = GradientScheduler(tasks, unit=unit)
+        for _ in range(2):
+            i = sched.next_task()
+            sched.tell(i, 2e-3 if i == 0 else 1e-3, trials=9 if i == 0 else 1)
+        return sched.next_task()
+
+    assert pick("trials") == 1
+    assert pick("rounds") == 0
+    assert GradientScheduler([]).unit == "rounds"
+    with pytest.raises(ValueError, match="unit"):
+        GradientScheduler([], unit="seconds")
+
+
+def test_the_driver_tells_the_scheduler_the_trials_stored(monkeypatch):
+    """In trials, ``drive`` counts a task's trials as its stored records (every run's), so a task one
+    batch of eight ahead of another waits while a task measured once is reached first; in rounds
+    (the default) the costliest task takes the next round again."""
+    from stormdrop.tuning import budget, driver
+
+    monkeypatch.setattr(driver, "verify_bests", lambda sessions: None)
+    picks = {}
+    for unit in ("trials", "rounds"):
+        sessions = [_Session(math.inf), _Session(math.inf), _Session(math.inf)]
+        tuners = [_Tuner(s, batch=8 if i == 0 else 1) for i, s in enumerate(sessions)]
+        picks[unit] = []
+        driver.drive(tuners, sessions, [4, 2, 1], budget.Budget(trials=12), unit=unit,
+                     on_step=lambda i, used, unit=unit: picks[unit].append(i))
+    assert picks["trials"][:3] == picks["rounds"][:3] == [0, 1, 2]  # the warm-up
+    assert picks["trials"][3] == 1  # 2 x 1e-3 / 1 trial ahead of 4 x 1e-3 / 8 trials
+    assert picks["rounds"][3] == 0  # 4 x 1e-3 / 1 round

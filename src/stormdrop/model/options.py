@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from stormdrop.lowering.pipeline import Lowering
 from stormdrop.measure.gateway import MeasureConfig
 from stormdrop.search.options import SearchOptions
-from stormdrop.tuning.scheduler import WARM_UPS
+from stormdrop.tuning.scheduler import UNITS, WARM_UPS
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,8 @@ class ModelOptions:
     the lowering as given whatever the budget (``Lowering.for_budget`` turns Winograd off under a
     small one): a hub build that tunes the Winograd kernels a short tune then finds in the hub.
     ``warm_up``: the order of the tasks' first rounds (``tuning.scheduler.WARM_UPS``: "in order",
-    the model's, or "heaviest" first)."""
+    the model's, or "heaviest" first). ``gradient_unit``: what the task scheduler counts a task's
+    diminishing returns in (``tuning.scheduler.UNITS``: Ansor's rounds, or its trials)."""
 
     trials: int | None = 1000
     trials_per_task: int = 128
@@ -40,3 +41,4 @@ class ModelOptions:
     progress: bool = False
     lowering_for_budget: bool = True
     warm_up: str = WARM_UPS[0]
+    gradient_unit: str = UNITS[0]

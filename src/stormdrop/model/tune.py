@@ -281,7 +281,7 @@ def tune_model(spec: Any, options: ModelOptions | None = None, *, target: Any = 
                 budget = Budget(trials=trials, deadline=deadline, extend=bool(opts.time_budget), per_task_cap=trials_per_task,
                                 builds_after=len(tasks) * model_compiles(in_model_candidates))
                 stopped_by = drive(tuners, sessions, [w for _, w in tasks], budget, used=used, seed=seed, storm=search.storm,
-                                   warm_up=opts.warm_up, on_step=show)
+                                   warm_up=opts.warm_up, unit=opts.gradient_unit, on_step=show)
                 result = ModelResult(canonical(tgt), model.name, 0.0, [s.result for s in sessions], stopped_by=stopped_by)
                 stages["search"] = time.monotonic() - start - stages["tasks"] - stages["set_up"]
             # after the gateway is closed: its runners' devices (RPC) are free again for the model

@@ -22,7 +22,7 @@ from stormdrop.storage.donors import open_donors
 from stormdrop.storage.hub import open_hub
 from stormdrop.tuning.budget import Budget, Ledger
 from stormdrop.tuning.evaluation import evaluate_together
-from stormdrop.tuning.scheduler import WARM_UPS, GradientScheduler, TaskState
+from stormdrop.tuning.scheduler import UNITS, WARM_UPS, GradientScheduler, TaskState
 from stormdrop.tuning.task import TaskSession, TaskTuner
 from stormdrop.tuning.verify import verify_bests
 
@@ -115,22 +115,26 @@ def first_rounds_together(i: int, after: Sequence[int], tuners: Sequence[TaskTun
 
 def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights: Sequence[int], budget: Budget, *,
           used: int = 0, seed: int = 0, storm: StormConfig | None = None, warm_up: str = WARM_UPS[0],
-          on_step: Callable[[int, int], None] | None = None) -> str:
+          unit: str = UNITS[0], on_step: Callable[[int, int], None] | None = None) -> str:
     """Tune until ``budget`` is spent or every task is done; then finish and verify every task.
 
     ``used``: trials already spent against ``budget.trials`` (earlier runs' measurements of these
     tasks: a resumed run measures no more than an uninterrupted one). ``warm_up``: the order of the
-    tasks' first rounds (``scheduler.WARM_UPS``). ``on_step(i, used)`` hears
+    tasks' first rounds (``scheduler.WARM_UPS``); ``unit``: what a task's diminishing returns count
+    (``scheduler.UNITS``: its rounds, or the trials stored for it, every run's). ``on_step(i, used)`` hears
     each batch. Returns why tuning stopped.
     """
     states = [TaskState(w, max(s.kernel.flops, 1), s.kernel.op_class) for s, w in zip(sessions, weights)]
-    sched = GradientScheduler(states, seed=seed, warm_up=warm_up)
+    sched = GradientScheduler(states, seed=seed, warm_up=warm_up, unit=unit)
+
+    def trials_of(session: TaskSession) -> int | None:  # read from the database only where counted
+        return session.spent() if unit == "trials" else None
     for i, session in enumerate(sessions):
         if math.isfinite(session.best):
             # an earlier run of these tasks gave this one its warm-up round: a resumed run goes on
             # as the uninterrupted one would have, with the tasks it never reached (without this,
             # a resumed run could spend the rest of --trials before a last task got any trial)
-            sched.tell(i, session.best)
+            sched.tell(i, session.best, trials=trials_of(session))
     exhausted: set[int] = set()
     extended: dict[int, int] = {}
     extensions: dict[int, int] = {}  # how many each task had
@@ -176,7 +180,7 @@ def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights:
             sessions[j].result.tuning_s += seconds  # each task's own share of the wait
             if tuners[j].done and extended.get(j) == measured(sessions[j]):
                 exhausted.add(j)  # its extension found nothing new to measure
-            sched.tell(j, sessions[j].best, finished=tuners[j].done)
+            sched.tell(j, sessions[j].best, finished=tuners[j].done, trials=trials_of(sessions[j]))
             if on_step is not None:
                 on_step(j, ledger.used)
     for tuner, session in zip(tuners, sessions):

@@ -8,7 +8,12 @@ round-robin pass, the task with the most negative estimated gradient
     forward_i  = min(g_i - g_i / t_i, beta * flops_i / best_similar_throughput) - g_i
 
 gets the next batch (t_i: rounds given to task i; similar tasks share the op
-class and log_1.618 of their FLOPs). A task whose warm-up round found no valid
+class and log_1.618 of their FLOPs). Ansor's rounds all measure the same number of candidates;
+here they do not (a first round of one transfer, a raindrop round of eight), so t_i may count
+the trials a task measured instead (``unit="trials"``): a small trial cap then gives first
+raindrop rounds to more tasks instead of second rounds to the heaviest. It lowered the tasks'
+summed weight x latency as tuned but not the models' latency: not the default (RESULTS.md,
+"Small inputs and budgets", the scheduler's unit). A task whose warm-up round found no valid
 schedule gets one more round; tasks that are finished or still have none after
 it (dead) are skipped. The scheduler proposes a
 task index and is told the task's best latency after each round.
@@ -26,6 +31,8 @@ from dataclasses import dataclass, field
 
 # warm-ups, the default first: "in order" (the model's, as Ansor's round robin), "heaviest" first
 WARM_UPS = ("in order", "heaviest")
+# what a task's diminishing returns count, the default first: its rounds (Ansor's), or its measured trials
+UNITS = ("rounds", "trials")
 
 
 @dataclass
@@ -35,6 +42,7 @@ class TaskState:
     op_class: str
     history: list[float] = field(default_factory=list)  # best latency after each round (inf: none yet)
     finished: bool = False
+    trials: int = 0  # candidates measured so far, as told
 
     @property
     def rounds(self) -> int:
@@ -51,13 +59,15 @@ class TaskState:
 
 class GradientScheduler:
     """Ansor's gradient-based task scheduler (alpha 0.2, beta 2, backward window 3), its warm-up
-    ``warm_up`` (``WARM_UPS``)."""
+    ``warm_up`` (``WARM_UPS``), its diminishing returns counted in ``unit`` (``UNITS``)."""
 
     def __init__(self, tasks: list[TaskState], *, alpha: float = 0.2, beta: float = 2.0, window: int = 3,
-                 eps: float = 0.0, seed: int = 0, warm_up: str = WARM_UPS[0]) -> None:
+                 eps: float = 0.0, seed: int = 0, warm_up: str = WARM_UPS[0], unit: str = UNITS[0]) -> None:
         if warm_up not in WARM_UPS:
             raise ValueError(f"warm-up {warm_up!r}: one of {', '.join(WARM_UPS)}")
-        self.tasks, self.warm_up = tasks, warm_up
+        if unit not in UNITS:
+            raise ValueError(f"unit {unit!r}: one of {', '.join(UNITS)}")
+        self.tasks, self.warm_up, self.unit = tasks, warm_up, unit
         self.alpha, self.beta, self.window, self.eps = alpha, beta, window, eps
         self.rng = random.Random(seed)
 
@@ -99,14 +109,17 @@ class GradientScheduler:
         best_tput = max((s.flops / s.best for s in self.tasks
                          if s.similarity_key == t.similarity_key and math.isfinite(s.best) and s.best > 0),
                         default=0.0)
-        g_next = g - g / max(rounds, 1)
+        spent = t.trials if self.unit == "trials" and t.trials > 0 else rounds
+        g_next = g - g / max(spent, 1)
         if best_tput > 0:
             g_next = min(g_next, self.beta * t.flops / best_tput)
         forward = g_next - g
         return t.weight * (self.alpha * backward + (1 - self.alpha) * forward)
 
-    def tell(self, i: int, best_latency: float, finished: bool = False) -> None:
-        """Task ``i`` had a round; its best latency is now ``best_latency`` (inf if none)."""
+    def tell(self, i: int, best_latency: float, finished: bool = False, trials: int | None = None) -> None:
+        """Task ``i`` had a round; its best latency is now ``best_latency`` (inf if none), and it has
+        measured ``trials`` candidates in all (None: one more round's worth is not known; counted as one)."""
         t = self.tasks[i]
         t.history.append(min(best_latency, t.best))
+        t.trials = trials if trials is not None else t.trials + 1
         t.finished = t.finished or finished
