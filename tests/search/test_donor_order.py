@@ -28,10 +28,11 @@ def _commit(d: Database, spec: str, secs: float | None = None):
     return entry
 
 
-def _order(path, fastest_of: int, others=()) -> list[str]:
+def _order(path, fastest_of: int, others=(), exact_too: bool = False) -> list[str]:
     with Database(path) as d:
         task = _commit(d, TASK)
-        return [e.name for e, _ in donors(d, task, canonical(host_target()), others, fastest_of=fastest_of)]
+        return [e.name for e, _ in donors(d, task, canonical(host_target()), others, fastest_of=fastest_of,
+                                          exact_too=exact_too)]
 
 
 def _names(tmp_path):
@@ -63,3 +64,18 @@ def test_the_tasks_very_workload_elsewhere_stays_first(tmp_path):
         _commit(o, TASK, 9e-4)  # slower than every donor, but this very workload
     with Database(other, read_only=True) as o:
         assert _order(path, 3, [o])[:2] == [parse_kernel(TASK).name, names[1]]
+
+
+def test_with_exact_too_the_very_workload_elsewhere_competes_on_speed(tmp_path):
+    """``exact_too`` (``StormConfig.fastest_exact``): this very workload tuned elsewhere is one of the
+    nearest k at distance 0, first only where it is the fastest of them."""
+    path, names = _names(tmp_path)
+    task = parse_kernel(TASK).name
+    for secs, first in ((9e-4, names[1]), (1e-5, task)):  # slower than the fastest donor, then faster
+        other = tmp_path / f"other{secs}.db"
+        with Database(other) as o:
+            _commit(o, TASK, secs)
+        with Database(other, read_only=True) as o:
+            order = _order(path, 3, [o], exact_too=True)
+            assert order[0] == first and set(order) == {task, *names}
+            assert _order(path, 3, [o])[0] == task  # without it: always first

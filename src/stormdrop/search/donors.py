@@ -69,8 +69,8 @@ def heirs(op_classes: Sequence[str]) -> list[int]:
 
 
 def donors(db: Database, entry: WorkloadEntry, target_key: str, others: Sequence[Database] = (),
-           per_donor: int = 1, order: str = "class", exact_sources: bool = True, fastest_of: int = 1
-           ) -> Iterator[tuple[WorkloadEntry, list[str]]]:
+           per_donor: int = 1, order: str = "class", exact_sources: bool = True, fastest_of: int = 1,
+           exact_too: bool = False) -> Iterator[tuple[WorkloadEntry, list[str]]]:
     """(workload, its ``per_donor`` best traces) of the other workloads of a related class, one at a
     time: a workload's best records are looked up when it is reached (a reuse that stops after a few
     donors reads no more). ``order="class"``: the same class first, then the same less elementwise
@@ -88,7 +88,9 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, others: Sequence
     (FLOPs over its best record's mean) whose shapes are within ``FASTEST_WITHIN`` of the nearest's
     (``shape_distance``) comes first, the others in order. The nearest donor is often a briefly
     tuned one whose transfer carries its flaw; a much larger donor's throughput says little of
-    how its schedule runs at this size.
+    how its schedule runs at this size. ``exact_too``: this very workload tuned elsewhere (the hub's
+    exact hit) is one of those k too, at distance 0, instead of always first: a hub entry tuned
+    briefly can run slower here than a near donor's schedule transferred.
     """
     if order not in ("class", "shape"):
         raise ValueError(f"donor order {order!r}: 'class' or 'shape'")
@@ -118,7 +120,7 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, others: Sequence
         best = source.best(other.workload_id, target_key, k=per_donor)
         if not best:
             continue
-        if fastest_of > 1 and elsewhere and len(head) < fastest_of:
+        if fastest_of > 1 and (elsewhere or exact_too) and len(head) < fastest_of:
             head.append((near[0], other.flops / max(best[0].mean, 1e-12), other, best))
             if len(head) == fastest_of:
                 yield from _fastest_first(head)

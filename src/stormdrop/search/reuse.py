@@ -235,7 +235,8 @@ def in_sketches(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModul
 def transfers(db: Database, entry: WorkloadEntry, target_key: str, postprocs: list, limit: int = 8,
               others: Sequence[Database] = (), per_donor: int = 1, order: str = "class",
               spaces: Sequence[Schedule] = (), enough: int = 0, sketch_donors: int = 0,
-              exact: set[str] | None = None, exact_sources: bool = True, fastest_of: int = 1) -> list[list[Candidate]]:
+              exact: set[str] | None = None, exact_sources: bool = True, fastest_of: int = 1,
+              exact_too: bool = False) -> list[list[Candidate]]:
     """Transferred schedules for ``entry`` from at most ``limit`` donors (``donors.donors`` order), one
     list per donor: its ``per_donor`` best records transferred, distinct, best first, then its best
     record's decisions in each of ``spaces`` (``in_sketches``). A donor none of whose schedules
@@ -243,10 +244,10 @@ def transfers(db: Database, entry: WorkloadEntry, target_key: str, postprocs: li
     that many (each transfer costs a replay and the postprocessors). ``sketch_donors`` > 0: only the
     first that many donors' decisions go into ``spaces``. ``exact``: given, it is told the keys of
     the schedules that came from this very workload (another database's, the hub's);
-    ``exact_sources``, ``fastest_of``: as ``donors.donors`` takes them."""
+    ``exact_sources``, ``fastest_of``, ``exact_too``: as ``donors.donors`` takes them."""
     groups, seen = [], set()
     for donor, traces in donors(db, entry, target_key, others, per_donor, order, exact_sources,
-                                fastest_of=fastest_of):
+                                fastest_of=fastest_of, exact_too=exact_too):
         if len(groups) >= limit or (enough and sum(map(len, groups)) >= enough):
             break
         group = []

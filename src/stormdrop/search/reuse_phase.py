@@ -58,7 +58,7 @@ class Reuse:
                            order=cfg.donor_order, spaces=sketches.spaces() if in_sketches else (),
                            enough=max(budget, ranked) if in_sketches and pool == 1 else 0,
                            sketch_donors=cfg.sketch_donors, exact=exact, exact_sources=not cfg.hub_transfers,
-                           fastest_of=cfg.fastest_donors)
+                           fastest_of=cfg.fastest_donors, exact_too=cfg.fastest_exact)
         if not groups:
             return None
         if ranked:

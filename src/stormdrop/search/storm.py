@@ -79,6 +79,10 @@ class StormConfig:
     # or hub entry tuned briefly, and its transfer inherits that. 4: faster where it was measured at
     # 128 trials, and never slower beyond the runs' spread (docs/guide.md "Reuse"); 1: nearest first.
     fastest_donors: int = 4
+    # With fastest_donors k > 1: this very workload tuned elsewhere (the hub's exact hit) is one of the
+    # nearest k too, at distance 0, and goes first only where it is the fastest of them (True), or
+    # always first (False).
+    fastest_exact: bool = False
     # Reuse also moves each donor's decisions into every sketch of the workload (reuse.in_sketches)
     # and measures each donor's transfers together, nearest donor first, up to the reuse budget
     # (False: one transfer a donor, the donor's own structure).
