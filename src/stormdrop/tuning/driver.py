@@ -129,6 +129,7 @@ def drive(tuners: Sequence[TaskTuner], sessions: Sequence[TaskSession], weights:
 
     def trials_of(session: TaskSession) -> int | None:  # read from the database only where counted
         return session.spent() if unit == "trials" else None
+
     for i, session in enumerate(sessions):
         if math.isfinite(session.best):
             # an earlier run of these tasks gave this one its warm-up round: a resumed run goes on
