@@ -22,6 +22,7 @@ from stormdrop.lowering import (
     fastmath,
     padded_columns,
     padded_rows,
+    padded_width,
     reductions,
 )
 from stormdrop.lowering.layout import LAYOUTS, convert_layout, op_calls
@@ -33,7 +34,8 @@ from stormdrop.tvm_compat.intrinsics import load_tensor_intrinsics
 from stormdrop.tvm_compat.relax_passes import combine_parallel_matmuls
 
 # switches a tune notes (``Lowering.noted``): a note without one was of a tune before it
-NOTED_SWITCHES = ("pad_conv_columns", "concat_copies", "nhwc_shuffles", "pad_narrow_columns", "pad_half_columns")
+NOTED_SWITCHES = ("pad_conv_columns", "concat_copies", "nhwc_shuffles", "pad_narrow_columns", "pad_half_columns",
+                  "pad_conv_width")
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ class Lowering:
     a ShuffleNet's 58 and 116). On by default.
     ``pad_half_columns``: with ``pad_narrow_columns``, also channel counts that tile to half the
     vector width, for at most 1/16 more channels (a ShuffleNet's 232). On by default.
+    ``pad_conv_width``: convolutions whose output width has no divisor from 4 to 16 (a 59- or
+    29-wide image) computed over a few more output columns and cropped (``padded_width``), on CPUs.
     ``concat_copies``: concatenations that fusion leaves alone as one vectorizable copy per input
     into its slice of the output (``concat``) instead of TVM's per-element choice of input, on CPUs.
     On by default.
@@ -85,6 +89,7 @@ class Lowering:
     pad_conv_columns: bool = True
     pad_narrow_columns: bool = True
     pad_half_columns: bool = True
+    pad_conv_width: bool = False
     concat_copies: bool = True
     split_concats: bool = False
     nhwc_shuffles: bool = True
@@ -173,6 +178,8 @@ class Lowering:
                 rules.update(reductions.legalizations())
             if self.pad_rows and cpu:
                 rules.update(padded_rows.legalizations())
+            if self.pad_conv_width and cpu:  # direct convolutions only: inside the Winograd rule
+                rules["relax.nn.conv2d"] = padded_width.legalization(rules["relax.nn.conv2d"])
             if self.winograd != "off" and cpu:
                 rules["relax.nn.conv2d"] = winograd_legalization(self.winograd, rules["relax.nn.conv2d"])
             if (self.pad_columns or self.pad_conv_columns) and cpu:

@@ -1,0 +1,94 @@
+"""Convolutions whose output width tiles badly, computed over a few more columns of the image.
+
+The search tiles a convolution's output width by divisors of it (MetaSchedule samples perfect
+tiles), and the register tile of an NHWC convolution is a few output columns by a few vectors of
+output channels: each loaded weight vector feeds one FMA per column of the tile. An output width
+with no divisor from 4 to 16 leaves one column a tile (or the whole row, too many registers), so
+such a kernel is bound by loads instead of FMAs: a SqueezeNet at 124x124 has a 59-wide stem
+output and 29-wide fire modules (both prime), and its stem ran at under half the GFLOPS it
+reaches at 45 or 49 columns.
+
+This legalization computes such a convolution with more zero padding on the right of its input,
+so that its output is ``padded(width)`` columns wide (the least width at or above it with a
+divisor from 4 to 16, at most a few percent more), and crops the result back (``crop_rows`` on
+the width axis). The crop is elementwise and fuses with the convolution's epilogue (bias,
+residual, activation), so a kernel's inputs and output keep their shapes. Applied on CPUs to
+float32 convolutions in plain layouts whose output is at least ``MIN_WIDTH`` columns wide, and
+only to those that stay direct (a Winograd kernel tiles its output by its own tile size).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tvm import relax
+
+from stormdrop.lowering.layout import _ints
+from stormdrop.lowering.padded_rows import TILES, crop_rows
+
+MIN_WIDTH = 17  # narrower outputs: a register tile of the whole row fits, and a column more is a large share
+
+
+def _tiles_well(width: int) -> bool:
+    return any(width % t == 0 for t in TILES)
+
+
+def padded(width: int) -> int:
+    """The output width a convolution of ``width`` output columns is computed at: the least width at
+    or above it with a divisor in ``TILES`` (``width`` itself when it has one, or below ``MIN_WIDTH``)."""
+    if width < MIN_WIDTH:
+        return width
+    out = width
+    while not _tiles_well(out):
+        out += 1
+    return out
+
+
+def _widening(call: relax.Call) -> tuple[int, int, int, int] | None:
+    """(the output's width axis, its width, the padded width, the horizontal stride) where the
+    rewrite applies to a conv2d, else ``None``."""
+    a = call.attrs
+    out_dtype = str(a.out_dtype) if a.out_dtype is not None else ""
+    if out_dtype not in ("", "void", "float32") or str(call.args[0].ty.dtype) != "float32":
+        return None
+    out = str(a.out_layout or a.data_layout)
+    if sorted(out) != sorted("NCHW") or sorted(str(a.data_layout)) != sorted("NCHW"):  # blocked layouts: not here
+        return None
+    try:
+        shape = [int(d) for d in call.ty.shape]
+    except (TypeError, AttributeError):  # symbolic or unknown shapes
+        return None
+    axis = out.index("W")
+    goal = padded(shape[axis])
+    return None if goal == shape[axis] else (axis, shape[axis], goal, _ints(a.strides)[-1])
+
+
+def legalization(inner_conv: Callable[[relax.BlockBuilder, relax.Call], relax.Expr]) -> Callable[..., relax.Expr]:
+    """A ``LegalizeOps`` rule for ``relax.nn.conv2d`` that widens the convolutions where it applies
+    and hands every convolution (widened or not) to ``inner_conv``, the rule that legalizes it
+    otherwise."""
+
+    def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+        found = _widening(call)
+        if found is None:
+            return inner_conv(bb, call)
+        axis, width, goal, stride = found
+        a = call.attrs
+        pads = _ints(a.padding)
+        pt, pl, pb, pr = pads if len(pads) == 4 else (pads * 2 if len(pads) == 2 else pads * 4)
+        wider = relax.op.nn.conv2d(call.args[0], call.args[1], a.strides, (pt, pl, pb, pr + (goal - width) * stride),
+                                   a.dilation, int(a.groups), a.data_layout, a.kernel_layout, a.out_layout,
+                                   a.out_dtype)
+        conv = bb.emit(inner_conv(bb, bb.normalize(wider)))
+        return bb.call_te(crop_rows, conv, axis, width, "T_width", primfunc_name_hint="width")
+
+    return legalize
+
+
+def widened(mod: Any) -> int:
+    """How many conv2d calls of ``mod``'s Relax functions this legalization would widen."""
+    from stormdrop.lowering.layout import op_calls
+
+    return sum(_widening(call) is not None for func in mod.functions.values() if isinstance(func, relax.Function)
+               for call in op_calls(func) if call.op.name == "relax.nn.conv2d")
