@@ -26,8 +26,8 @@ def test_padded_widths():
 
 
 def _model():
-    """A stem to a 29-wide image (prime), a 3x3, a depthwise and a 1x1 convolution on it, then a
-    strided 3x3 to 15 columns (too narrow to pad)."""
+    """A stem to a 29-wide image (prime, unpadded), a 3x3 (padded), a depthwise and a 1x1 convolution
+    on it, then a strided 3x3 to 15 columns (too narrow to pad)."""
     g = GraphBuilder("width29", 0)
     x = g.input("x", (1, 3, 63, 63))
     x = g.conv_act(x, 16, 7, 2, 0)  # (63 - 7) / 2 + 1 = 29
@@ -48,12 +48,17 @@ def test_convolutions_of_a_badly_tiling_width_are_computed_wider_and_match_onnxr
     inputs = random_inputs(model, 0)
     ref, _ = run_onnxruntime(model.onnx_model, inputs, 2)
     for pad in (True, False):
-        fused, _ = extract_tasks(model, TARGET, Lowering(winograd="off", pad_conv_width=pad))
+        fused, tasks = extract_tasks(model, TARGET, Lowering(winograd="off", pad_conv_width=pad))
         cropped = [n for n in _kernels(fused) if "width" in n]
-        # the stem, the 3x3, the depthwise and the 1x1 at 29 columns, each cropped with its bias and
-        # ReLU in the convolution's kernel; the strided 3x3 to 15 columns not
-        assert (len(cropped) == 4 and all(n.startswith("fused_conv2d") and "relu" in n for n in cropped)) if pad \
+        # the stem, the 3x3 and the 1x1 at 29 columns, each cropped with its bias and ReLU in the
+        # convolution's kernel; not the depthwise one, nor the strided 3x3 to 15 columns
+        assert (len(cropped) == 3 and all(n.startswith("fused_conv2d") and "relu" in n for n in cropped)) if pad \
             else not cropped, _kernels(fused)
+        if pad:  # of the same reuse class as unwidened ones: no bounds check on an unpadded one's loads
+            for kernel, _ in tasks:
+                assert "T_width" not in kernel.op_class, kernel.op_class
+                if kernel.name.startswith("fused_conv2d_nchw_nhwc_width"):
+                    assert "if_then_else" not in kernel.mod.script(), kernel.name
         ex = tvm.compile(apply_records(fused, ms.database.MemoryDatabase(), TARGET), target=TARGET)
         outs, _ = run_model(ex, inputs, TARGET, time_it=False)
         assert [o.shape for o in outs] == [(1, 32, 15, 15)]

@@ -8,13 +8,17 @@ such a kernel is bound by loads instead of FMAs: a SqueezeNet at 124x124 has a 5
 output and 29-wide fire modules (both prime), and its stem ran at under half the GFLOPS it
 reaches at 45 or 49 columns.
 
-This legalization computes such a convolution with more zero padding on the right of its input,
-so that its output is ``padded(width)`` columns wide (the least width at or above it with a
-divisor from 4 to 16, at most a few percent more), and crops the result back (``crop_rows`` on
-the width axis). The crop is elementwise and fuses with the convolution's epilogue (bias,
+This legalization computes such a convolution over a wider input, so that its output is
+``padded(width)`` columns wide (the least width at or above it with a divisor from 4 to 16, at
+most a few percent more), and crops the result back (``crop_rows`` on the width axis). A
+convolution with zero padding reads its input's last column again past it (a clamped index, no
+copy: a zero-padded read would put a bounds check on every load of the inner loop); one padded
+already gets more zero padding on the right (its reads are checked anyway). The crop is elementwise and fuses with the convolution's epilogue (bias,
 residual, activation), so a kernel's inputs and output keep their shapes. Applied on CPUs to
-float32 convolutions in plain layouts whose output is at least ``MIN_WIDTH`` columns wide, and
-only to those that stay direct (a Winograd kernel tiles its output by its own tile size).
+ungrouped float32 convolutions in plain layouts whose output is at least ``MIN_WIDTH`` columns
+wide, and only to those that stay direct (a Winograd kernel tiles its output by its own tile
+size). A depthwise convolution loads a weight vector and an input vector for every FMA whatever
+its tile, and widened ones ran slower (MnasNet's at 62 columns).
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tvm import relax
+from tvm import relax, te, topi
 
-from stormdrop.lowering.layout import _ints
+from stormdrop.lowering.layout import _ints, conv2d_nchw_nhwc
 from stormdrop.lowering.padded_rows import TILES, crop_rows
 
+CROP = "T_width"  # the crop's block (and the clamped read's, CROP + "_in"): ``model.tune.op_class`` leaves them out
 MIN_WIDTH = 17  # narrower outputs: a register tile of the whole row fits, and a column more is a large share
 
 
@@ -50,7 +55,7 @@ def _widening(call: relax.Call) -> tuple[int, int, int, int] | None:
     rewrite applies to a conv2d, else ``None``."""
     a = call.attrs
     out_dtype = str(a.out_dtype) if a.out_dtype is not None else ""
-    if out_dtype not in ("", "void", "float32") or str(call.args[0].ty.dtype) != "float32":
+    if out_dtype not in ("", "void", "float32") or str(call.args[0].ty.dtype) != "float32" or int(a.groups) != 1:
         return None
     out = str(a.out_layout or a.data_layout)
     if sorted(out) != sorted("NCHW") or sorted(str(a.data_layout)) != sorted("NCHW"):  # blocked layouts: not here
@@ -64,10 +69,41 @@ def _widening(call: relax.Call) -> tuple[int, int, int, int] | None:
     return None if goal == shape[axis] else (axis, shape[axis], goal, _ints(a.strides)[-1])
 
 
+def clamped(data: te.Tensor, axis: int, extent: int) -> te.Tensor:
+    """``data`` over ``extent`` entries on ``axis``, those past its own a copy of its last one."""
+    last = data.shape[axis] - 1
+    shape = list(data.shape)
+    shape[axis] = extent
+
+    def read(*ix):
+        at = list(ix)
+        at[axis] = te.min(at[axis], last)
+        return data[tuple(at)]
+
+    return te.compute(shape, read, name=CROP + "_in")
+
+
+def conv_clamped(data: te.Tensor, kernel: te.Tensor, strides: Any, dilation: Any, groups: int, data_layout: str,
+                 kernel_layout: str, out_layout: str, out_dtype: str, extra: int) -> te.Tensor:
+    """An unpadded convolution over ``extra`` more input columns (``clamped``), as the layout's
+    legalization computes it otherwise (``layout.conv2d_nchw_nhwc`` for NCHW in, NHWC out; TOPI's)."""
+    axis = data_layout.index("W")
+    wide = clamped(data, axis, int(data.shape[axis]) + extra)
+    if (data_layout, kernel_layout, out_layout) == ("NCHW", "HWIO", "NHWC"):
+        return conv2d_nchw_nhwc(wide, kernel, strides, (0, 0, 0, 0), dilation, out_dtype)
+    return topi.nn.conv(wide, kernel, strides, 0, dilation, groups, data_layout, kernel_layout, out_dtype)
+
+
+def _hint(a: Any) -> str:  # the kernel's name as the layout's rule names it
+    nchw_nhwc = (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) == ("NCHW", "HWIO", "NHWC")
+    return "conv2d_nchw_nhwc" if nchw_nhwc else "conv2d"
+
+
 def legalization(inner_conv: Callable[[relax.BlockBuilder, relax.Call], relax.Expr]) -> Callable[..., relax.Expr]:
     """A ``LegalizeOps`` rule for ``relax.nn.conv2d`` that widens the convolutions where it applies
-    and hands every convolution (widened or not) to ``inner_conv``, the rule that legalizes it
-    otherwise."""
+    and hands every other convolution, and each widened one with padding, to ``inner_conv``, the
+    layout's rule (``layout.legalizations``); an unpadded one it computes as that rule would
+    (``conv_clamped``)."""
 
     def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         found = _widening(call)
@@ -77,11 +113,16 @@ def legalization(inner_conv: Callable[[relax.BlockBuilder, relax.Call], relax.Ex
         a = call.attrs
         pads = _ints(a.padding)
         pt, pl, pb, pr = pads if len(pads) == 4 else (pads * 2 if len(pads) == 2 else pads * 4)
+        if not (pt or pl or pb or pr):
+            conv = bb.emit(bb.call_te(conv_clamped, call.args[0], call.args[1], a.strides, a.dilation, int(a.groups),
+                                      str(a.data_layout), str(a.kernel_layout), str(a.out_layout or a.data_layout),
+                                      str(call.ty.dtype), (goal - width) * stride, primfunc_name_hint=_hint(a)))
+            return bb.call_te(crop_rows, conv, axis, width, CROP, primfunc_name_hint="width")
         wider = relax.op.nn.conv2d(call.args[0], call.args[1], a.strides, (pt, pl, pb, pr + (goal - width) * stride),
                                    a.dilation, int(a.groups), a.data_layout, a.kernel_layout, a.out_layout,
                                    a.out_dtype)
         conv = bb.emit(inner_conv(bb, bb.normalize(wider)))
-        return bb.call_te(crop_rows, conv, axis, width, "T_width", primfunc_name_hint="width")
+        return bb.call_te(crop_rows, conv, axis, width, CROP, primfunc_name_hint="width")
 
     return legalize
 

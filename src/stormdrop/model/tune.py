@@ -97,11 +97,15 @@ class ModelResult:
 def op_class(mod: tvm.IRModule, task_name: str = "") -> str:
     """A fused kernel's class for reuse, shapes left out: its compute blocks (TOPI's names, counters
     dropped, so that layout, pooling kind and fused epilogues all count) and its output dtype,
-    e.g. ``T_add+compute+conv2d_nhwc+pad_temp:float32``. Only kernels of one class exchange schedules."""
+    e.g. ``T_add+compute+conv2d_nhwc+pad_temp:float32``. Only kernels of one class exchange schedules.
+    The crop of a convolution computed wider (``padded_width.CROP``) does not count: such a
+    convolution takes the schedules of its class's convolutions of other widths."""
     try:
         from tvm.s_tir import Schedule
 
-        blocks = sorted(re.sub(r"\d+$", "", name) for name in block_names(Schedule(mod)))
+        from stormdrop.lowering.padded_width import CROP
+
+        blocks = sorted(re.sub(r"\d+$", "", name) for name in block_names(Schedule(mod)) if not name.startswith(CROP))
         dtype = str(ms.arg_info.ArgInfo.from_prim_func(mod["main"])[-1].dtype)
         return "+".join(blocks) + ":" + dtype
     except Exception:  # noqa: BLE001 - an unusual kernel: its own name, counters dropped
