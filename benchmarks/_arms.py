@@ -27,6 +27,8 @@ _ARMS = {"cold_tuned": ("tuned with the caches flushed (--cache-flush", "tuned w
                           "as lowered", "padded half / as lowered", False, "half-width channels padded"),
          "padded_width": ("tuned with badly tiling convolution output widths padded (--pad-conv-width ab",
                           "as lowered", "padded width / as lowered", False, "output width padded"),
+         "unpadded_width": ("tuned with convolutions at their own output width (--pad-conv-width ab", "padded width",
+                            "unpadded / padded", False, "unpadded width"),
          "nchw_shuffles": ("tuned with channel shuffles in NCHW (--nhwc-shuffles ab", "NHWC shuffles",
                            "NCHW / NHWC shuffles", False, "NCHW shuffles"),
          "direct": ("tuned with every convolution direct (--winograd-ab", "as lowered", "direct / as lowered", False,
@@ -112,7 +114,7 @@ LOWERING_SWITCHES = {
                            "a quarter of the vector width or less computed over zero-weight channels"),
     "pad_half_columns": ("half_columns", "with --pad-narrow-columns, channel counts that tile to half the vector "
                          "width padded too (at most 1/16 more)"),
-    "pad_conv_width": ("padded_width", "convolutions whose output width has no divisor from 4 to 16 computed "
+    "pad_conv_width": ("unpadded_width", "convolutions whose output width has no divisor from 4 to 16 computed "
                        "over a few more output columns"),
     "concat_copies": ("select_concat", "concatenations alone as one copy per input"),
     "split_concats": ("split_concats", "channel concatenations that feed only convolutions computed as partial "

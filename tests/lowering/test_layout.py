@@ -112,12 +112,12 @@ def test_winograd_needs_trials_a_small_cap_or_a_short_time_budget_keeps_convolut
     assert auto.for_budget(64 * 11, 11, 60.0).winograd == "off"  # the smaller of the two budgets
     assert Lowering(winograd="4").for_budget(128, 11).winograd == "4"  # said, not auto
     noted = {"pad_conv_columns": True, "concat_copies": True, "nhwc_shuffles": True,
-             "pad_narrow_columns": True, "pad_half_columns": True}  # a tune since all
+             "pad_narrow_columns": True, "pad_half_columns": True, "pad_conv_width": True}  # a tune since all
     assert auto.as_tuned({**noted, "winograd": "off"}).winograd == "off" and auto.as_tuned(noted) is auto
     assert Lowering(winograd="2").as_tuned({**noted, "winograd": "off"}).winograd == "2"
     # a tune before them (its note says nothing of them), or without them: compiled without them
     assert auto.as_tuned({}) == Lowering(pad_conv_columns=False, concat_copies=False, nhwc_shuffles=False,
-                                         pad_narrow_columns=False, pad_half_columns=False)
+                                         pad_narrow_columns=False, pad_half_columns=False, pad_conv_width=False)
     assert auto.as_tuned({**noted, "pad_conv_columns": False, "winograd": "off"}) == \
         Lowering(winograd="off", pad_conv_columns=False)
     assert auto.as_tuned({**noted, "concat_copies": False}) == Lowering(concat_copies=False)

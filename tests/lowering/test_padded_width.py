@@ -66,9 +66,9 @@ def test_convolutions_of_a_badly_tiling_width_are_computed_wider_and_match_onnxr
         assert err <= 1e-5 * scale, (pad, err, scale)
 
 
-def test_a_tune_before_the_switch_is_compiled_without_it():
-    noted = Lowering(pad_conv_width=True).noted()
-    assert noted["pad_conv_width"] is True
-    assert Lowering(pad_conv_width=True).as_tuned({**noted, "pad_conv_width": False}) == Lowering()
-    assert Lowering(pad_conv_width=True).as_tuned({k: v for k, v in noted.items() if k != "pad_conv_width"}) \
-        == Lowering()
+def test_on_by_default_and_a_tune_before_it_or_without_it_is_compiled_without_it():
+    noted = Lowering().noted()
+    assert noted["pad_conv_width"] is True and Lowering().as_tuned(noted) == Lowering()
+    assert Lowering().as_tuned({**noted, "pad_conv_width": False}) == Lowering(pad_conv_width=False)
+    assert Lowering().as_tuned({k: v for k, v in noted.items() if k != "pad_conv_width"}) \
+        == Lowering(pad_conv_width=False)

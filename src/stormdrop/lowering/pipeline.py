@@ -69,6 +69,7 @@ class Lowering:
     vector width, for at most 1/16 more channels (a ShuffleNet's 232). On by default.
     ``pad_conv_width``: convolutions whose output width has no divisor from 4 to 16 (a 59- or
     29-wide image) computed over a few more output columns and cropped (``padded_width``), on CPUs.
+    On by default.
     ``concat_copies``: concatenations that fusion leaves alone as one vectorizable copy per input
     into its slice of the output (``concat``) instead of TVM's per-element choice of input, on CPUs.
     On by default.
@@ -89,7 +90,7 @@ class Lowering:
     pad_conv_columns: bool = True
     pad_narrow_columns: bool = True
     pad_half_columns: bool = True
-    pad_conv_width: bool = False
+    pad_conv_width: bool = True
     concat_copies: bool = True
     split_concats: bool = False
     nhwc_shuffles: bool = True
