@@ -13,9 +13,11 @@ This legalization computes such a convolution over a wider input, so that its ou
 most a few percent more), and crops the result back (``crop_rows`` on the width axis). A
 convolution with zero padding reads its input's last column again past it (a clamped index, no
 copy: a zero-padded read would put a bounds check on every load of the inner loop); one padded
-already gets more zero padding on the right (its reads are checked anyway). The crop is elementwise and fuses with the convolution's epilogue (bias,
-residual, activation), so a kernel's inputs and output keep their shapes. Applied on CPUs to
-ungrouped float32 convolutions in plain layouts whose output is at least ``MIN_WIDTH`` columns
+already gets more zero padding on the right (its reads are checked anyway). The crop is
+elementwise and fuses with the convolution's epilogue (bias, residual, activation), so a kernel's
+inputs and output keep their shapes; it stays out of the kernel's reuse class
+(``model.tune.op_class``), so that convolutions of other widths are its donors. Applied on CPUs
+to ungrouped float32 convolutions in plain layouts whose output is at least ``MIN_WIDTH`` columns
 wide, and only to those that stay direct (a Winograd kernel tiles its output by its own tile
 size). A depthwise convolution loads a weight vector and an input vector for every FMA whatever
 its tile, and widened ones ran slower (MnasNet's at 62 columns).
@@ -126,10 +128,3 @@ def legalization(inner_conv: Callable[[relax.BlockBuilder, relax.Call], relax.Ex
 
     return legalize
 
-
-def widened(mod: Any) -> int:
-    """How many conv2d calls of ``mod``'s Relax functions this legalization would widen."""
-    from stormdrop.lowering.layout import op_calls
-
-    return sum(_widening(call) is not None for func in mod.functions.values() if isinstance(func, relax.Function)
-               for call in op_calls(func) if call.op.name == "relax.nn.conv2d")
