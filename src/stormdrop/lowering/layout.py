@@ -80,6 +80,21 @@ def _ints(values: Any) -> list[int]:
     return [int(v) for v in values]
 
 
+def four_pads(padding: Any) -> tuple[int, int, int, int]:
+    """A conv2d's padding as (top, left, bottom, right), from one, two or four values."""
+    pads = _ints(padding)
+    pt, pl, pb, pr = pads if len(pads) == 4 else (pads * 2 if len(pads) == 2 else pads * 4)
+    return pt, pl, pb, pr
+
+
+NCHW_IN_NHWC_OUT = ("NCHW", "HWIO", "NHWC")  # (data, kernel, out) layouts of ``conv2d_nchw_nhwc``
+
+
+def conv_layouts(attrs: Any) -> tuple[str, str, str]:
+    """A conv2d call's (data, kernel, out) layouts (out: the data's where unset)."""
+    return str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout or attrs.data_layout)
+
+
 def depthwise_conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides: Any, padding: Any,
                            dilation: Any) -> te.Tensor:
     """Depthwise convolution, data ``[N, C/b, H, W, b]``, kernel ``[C/b, 1, R, S, 1, b]``."""
@@ -109,8 +124,7 @@ def conv2d_nchw_nhwc(data: te.Tensor, kernel: te.Tensor, strides: Any, padding: 
     convolution, whose input stays as the model takes it (``read_inputs_nchw``)."""
     sh, sw = _ints(strides)
     dh, dw = _ints(dilation)
-    pads = _ints(padding)
-    pt, pl, pb, pr = pads if len(pads) == 4 else (pads * 2 if len(pads) == 2 else pads * 4)
+    pt, pl, pb, pr = four_pads(padding)
     n, c, h, w = (int(d) for d in data.shape)
     kh, kw, _, co = (int(d) for d in kernel.shape)
     padded = topi.nn.pad(data, [0, 0, pt, pl], [0, 0, pb, pr]) if pt or pl or pb or pr else data
@@ -127,7 +141,7 @@ def conv2d_nchw_nhwc(data: te.Tensor, kernel: te.Tensor, strides: Any, padding: 
 
 def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     attrs = call.attrs
-    if (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout)) == ("NCHW", "HWIO", "NHWC"):
+    if conv_layouts(attrs) == NCHW_IN_NHWC_OUT:
         return bb.call_te(conv2d_nchw_nhwc, call.args[0], call.args[1], attrs.strides, attrs.padding,
                           attrs.dilation, str(call.ty.dtype), primfunc_name_hint="conv2d_nchw_nhwc")
     if len(str(attrs.data_layout)) == 4:  # a convolution left in NCHW: TVM's own legalization

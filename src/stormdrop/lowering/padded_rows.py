@@ -30,10 +30,10 @@ def _tiles_well(rows: int) -> bool:
     return any(rows % t == 0 for t in TILES)
 
 
-def padded(rows: int) -> int:
+def padded(rows: int, least: int = MIN_ROWS) -> int:
     """The row count a product of ``rows`` rows is computed at: the least count at or above it
-    with a divisor in ``TILES`` (``rows`` itself when it has one, or below ``MIN_ROWS``)."""
-    if rows < MIN_ROWS:
+    with a divisor in ``TILES`` (``rows`` itself when it has one, or below ``least``)."""
+    if rows < least:
         return rows
     out = rows
     while not _tiles_well(out):

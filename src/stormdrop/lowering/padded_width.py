@@ -30,26 +30,25 @@ from typing import Any
 
 from tvm import relax, te, topi
 
-from stormdrop.lowering.layout import _ints, conv2d_nchw_nhwc
-from stormdrop.lowering.padded_rows import TILES, crop_rows
+from stormdrop.lowering import padded_rows
+from stormdrop.lowering.layout import (
+    NCHW_IN_NHWC_OUT,
+    _ints,
+    conv2d_nchw_nhwc,
+    conv_layouts,
+    four_pads,
+)
+from stormdrop.lowering.padded_rows import crop_rows
 
 CROP = "T_width"  # the crop's block (and the clamped read's, CROP + "_in"): ``model.tune.op_class`` leaves them out
 MIN_WIDTH = 17  # narrower outputs: a register tile of the whole row fits, and a column more is a large share
 
 
-def _tiles_well(width: int) -> bool:
-    return any(width % t == 0 for t in TILES)
-
-
 def padded(width: int) -> int:
     """The output width a convolution of ``width`` output columns is computed at: the least width at
-    or above it with a divisor in ``TILES`` (``width`` itself when it has one, or below ``MIN_WIDTH``)."""
-    if width < MIN_WIDTH:
-        return width
-    out = width
-    while not _tiles_well(out):
-        out += 1
-    return out
+    or above it with a divisor in ``padded_rows.TILES`` (``width`` itself when it has one, or below
+    ``MIN_WIDTH``), as ``padded_rows.padded`` pads a product's rows."""
+    return padded_rows.padded(width, least=MIN_WIDTH)
 
 
 def _widening(call: relax.Call) -> tuple[int, int, int, int] | None:
@@ -59,8 +58,8 @@ def _widening(call: relax.Call) -> tuple[int, int, int, int] | None:
     out_dtype = str(a.out_dtype) if a.out_dtype is not None else ""
     if out_dtype not in ("", "void", "float32") or str(call.args[0].ty.dtype) != "float32" or int(a.groups) != 1:
         return None
-    out = str(a.out_layout or a.data_layout)
-    if sorted(out) != sorted("NCHW") or sorted(str(a.data_layout)) != sorted("NCHW"):  # blocked layouts: not here
+    data, _, out = conv_layouts(a)
+    if sorted(out) != sorted("NCHW") or sorted(data) != sorted("NCHW"):  # blocked layouts: not here
         return None
     try:
         shape = [int(d) for d in call.ty.shape]
@@ -85,20 +84,16 @@ def clamped(data: te.Tensor, axis: int, extent: int) -> te.Tensor:
     return te.compute(shape, read, name=CROP + "_in")
 
 
-def conv_clamped(data: te.Tensor, kernel: te.Tensor, strides: Any, dilation: Any, groups: int, data_layout: str,
-                 kernel_layout: str, out_layout: str, out_dtype: str, extra: int) -> te.Tensor:
+def conv_clamped(data: te.Tensor, kernel: te.Tensor, strides: Any, dilation: Any, groups: int,
+                 layouts: tuple[str, str, str], out_dtype: str, extra: int) -> te.Tensor:
     """An unpadded convolution over ``extra`` more input columns (``clamped``), as the layout's
     legalization computes it otherwise (``layout.conv2d_nchw_nhwc`` for NCHW in, NHWC out; TOPI's)."""
+    data_layout, kernel_layout, _ = layouts
     axis = data_layout.index("W")
     wide = clamped(data, axis, int(data.shape[axis]) + extra)
-    if (data_layout, kernel_layout, out_layout) == ("NCHW", "HWIO", "NHWC"):
+    if layouts == NCHW_IN_NHWC_OUT:
         return conv2d_nchw_nhwc(wide, kernel, strides, (0, 0, 0, 0), dilation, out_dtype)
     return topi.nn.conv(wide, kernel, strides, 0, dilation, groups, data_layout, kernel_layout, out_dtype)
-
-
-def _hint(a: Any) -> str:  # the kernel's name as the layout's rule names it
-    nchw_nhwc = (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) == ("NCHW", "HWIO", "NHWC")
-    return "conv2d_nchw_nhwc" if nchw_nhwc else "conv2d"
 
 
 def legalization(inner_conv: Callable[[relax.BlockBuilder, relax.Call], relax.Expr]) -> Callable[..., relax.Expr]:
@@ -113,12 +108,12 @@ def legalization(inner_conv: Callable[[relax.BlockBuilder, relax.Call], relax.Ex
             return inner_conv(bb, call)
         axis, width, goal, stride = found
         a = call.attrs
-        pads = _ints(a.padding)
-        pt, pl, pb, pr = pads if len(pads) == 4 else (pads * 2 if len(pads) == 2 else pads * 4)
+        pt, pl, pb, pr = four_pads(a.padding)
         if not (pt or pl or pb or pr):
+            layouts = conv_layouts(a)  # (the kernel named as the layout's rule names it)
+            hint = "conv2d_nchw_nhwc" if layouts == NCHW_IN_NHWC_OUT else "conv2d"
             conv = bb.emit(bb.call_te(conv_clamped, call.args[0], call.args[1], a.strides, a.dilation, int(a.groups),
-                                      str(a.data_layout), str(a.kernel_layout), str(a.out_layout or a.data_layout),
-                                      str(call.ty.dtype), (goal - width) * stride, primfunc_name_hint=_hint(a)))
+                                      layouts, str(call.ty.dtype), (goal - width) * stride, primfunc_name_hint=hint))
             return bb.call_te(crop_rows, conv, axis, width, CROP, primfunc_name_hint="width")
         wider = relax.op.nn.conv2d(call.args[0], call.args[1], a.strides, (pt, pl, pb, pr + (goal - width) * stride),
                                    a.dilation, int(a.groups), a.data_layout, a.kernel_layout, a.out_layout,

@@ -22,6 +22,7 @@ import tvm
 import tvm.s_tir.meta_schedule as ms
 from tvm.target import Target
 
+from stormdrop.lowering.padded_width import CROP
 from stormdrop.lowering.pipeline import Lowering
 from stormdrop.lowering.winograd import direct_flops as winograd_direct_flops
 from stormdrop.lowering.winograd import kernel_key as winograd_kernel_key
@@ -102,8 +103,6 @@ def op_class(mod: tvm.IRModule, task_name: str = "") -> str:
     convolution takes the schedules of its class's convolutions of other widths."""
     try:
         from tvm.s_tir import Schedule
-
-        from stormdrop.lowering.padded_width import CROP
 
         blocks = sorted(re.sub(r"\d+$", "", name) for name in block_names(Schedule(mod)) if not name.startswith(CROP))
         dtype = str(ms.arg_info.ArgInfo.from_prim_func(mod["main"])[-1].dtype)
