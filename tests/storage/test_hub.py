@@ -331,3 +331,24 @@ def test_a_hub_decodes_only_the_workloads_of_the_classes_asked_for(tmp_path, mod
         assert sorted(w.name for w in h.workloads()) == ["matmul_128", "matmul_64"]
         assert not h._pending
 
+
+
+# The README's quick start "starts from the shipped schedule hub, which holds its kernels": every task
+# of resnet18 at 56 as a 200-trial tune lowers it is a workload of the shipped x86-avx512 hub. A lowering
+# change that gives one of its kernels other loops (a new default switch) leaves the hub's entry unused
+# until the hub is rebuilt, and fails this test.
+@pytest.mark.slow
+def test_the_shipped_hub_holds_every_task_of_the_quick_start_as_it_is_lowered_today():
+    from stormdrop import Lowering, load_model
+    from stormdrop.model.tune import budgeted_extraction
+    from stormdrop.storage.donors import tuned_in
+
+    t = Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    donor = hub.open_hub(t, str(hub.shipped_path("x86-avx512")))
+    try:
+        _, tasks, lowering = budgeted_extraction(load_model("resnet18", resolution=56), t, Lowering(), (200, None),
+                                                 [donor], True)
+        missing = [k.name for k, _ in tasks if not tuned_in(k.mod, canonical_target(t), [donor])]
+    finally:
+        donor.close()
+    assert len(tasks) >= 10 and not missing, f"{len(missing)} of {len(tasks)} tasks not in the hub: {missing[:5]}"
