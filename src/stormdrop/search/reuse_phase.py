@@ -20,6 +20,9 @@ from stormdrop.storage.database import Database, WorkloadEntry
 
 log = logging.getLogger("stormdrop")
 
+SPILL_SPARE = 3  # StormConfig.spill_veto: transfers made beyond the budget, to stand in for spilling ones
+REGISTER_TILES = 4  # and the register-blocked variants of a spilling one tried (each compiled once)
+
 
 class Reuse:
     """At most ``budget`` transfers to ``entry`` from the same-class workloads of ``db`` and
@@ -36,6 +39,7 @@ class Reuse:
         self.budget, self.donors = budget, tuple(donors)
         self.config = config or StormConfig()
         self.done = False
+        self._spill_counts: dict[str, int | None] = {}  # candidate key -> its kernel's vector spills
 
     def propose(self, limit: int | None = None) -> list[Candidate] | None:
         """The chosen transfers (at most ``limit``), or None: proposed already, no budget, or no
@@ -53,18 +57,86 @@ class Reuse:
         in_sketches = cfg.transfer_sketches
         ranked = cfg.transfer_ranked if self.model.ranks and in_sketches and pool == 1 else 0
         exact: set[str] = set()
-        groups = transfers(self.db, self.entry, self.target_key, sketches.postprocs,
-                           limit=max(budget * pool, ranked), others=self.donors, per_donor=2 if pool > 1 else 1,
-                           order=cfg.donor_order, spaces=sketches.spaces() if in_sketches else (),
-                           enough=max(budget, ranked) if in_sketches and pool == 1 else 0,
-                           sketch_donors=cfg.sketch_donors, exact=exact, exact_sources=not cfg.hub_transfers,
-                           fastest_of=cfg.fastest_donors, exact_too=cfg.fastest_exact)
+
+        def made(spare: int) -> list[list[Candidate]]:  # the transfers, ``spare`` more than the budget
+            return transfers(self.db, self.entry, self.target_key, sketches.postprocs,
+                             limit=max(budget * pool, ranked) + spare, others=self.donors,
+                             per_donor=2 if pool > 1 else 1,
+                             order=cfg.donor_order, spaces=sketches.spaces() if in_sketches else (),
+                             enough=max(budget, ranked) + spare if in_sketches and pool == 1 else 0,
+                             sketch_donors=cfg.sketch_donors, exact=exact, exact_sources=not cfg.hub_transfers,
+                             fastest_of=cfg.fastest_donors, exact_too=cfg.fastest_exact)
+
+        groups = made(0)
         if not groups:
             return None
         if ranked:
             return self._vetted(fastest_transfers(groups, budget, partial(self.model.predict, learn=False), exact), exact)
         rank = partial(self.model.predict, learn=False) if pool > 1 else None
-        return self._vetted(chosen_transfers(groups, budget, rank, whole=in_sketches), exact)
+        picks = chosen_transfers(groups, budget, rank, whole=in_sketches)
+        if cfg.spill_veto > 0 and self._spilling(picks, exact):  # SPILL_SPARE more to stand in for them
+            picks = self._unspilled(chosen_transfers(made(SPILL_SPARE), budget + SPILL_SPARE, rank, whole=in_sketches),
+                                    budget, exact)
+        return self._vetted(picks, exact)
+
+    def _spills(self, candidate: Candidate) -> int | None:
+        """``search.spills.vector_spills`` of a candidate, compiled once a task."""
+        from stormdrop.search.spills import vector_spills
+
+        if candidate.key not in self._spill_counts:
+            self._spill_counts[candidate.key] = vector_spills(candidate.mod, self.sketches.target)
+        return self._spill_counts[candidate.key]
+
+    def _spilling(self, picks: list[Candidate], exact: set[str]) -> bool:
+        """Whether a pick that is not this very workload's schedule spills more than the veto."""
+        return any(c.key not in exact and (self._spills(c) or 0) > self.config.spill_veto for c in picks)
+
+    def _unspilled(self, pool: list[Candidate], budget: int, exact: set[str]) -> list[Candidate]:
+        """``budget`` of the transfers ``pool`` (in its order), passing over each whose kernel spills more
+        than ``StormConfig.spill_veto`` vector registers (``search.spills``) while others are left;
+        where too few are, the least spilling ones fill up, each unrolled less (``_unrolled_less``).
+        This very workload's schedules (``exact``) are kept as they are."""
+        kept: list[Candidate] = []
+        spilled: list[tuple[int, int, Candidate]] = []
+        for i, c in enumerate(pool):
+            if len(kept) == budget:
+                break
+            n = None if c.key in exact else self._spills(c)
+            if n is None or n <= self.config.spill_veto:
+                kept.append(c)
+            else:
+                spilled.append((n, i, c))
+        if spilled:
+            log.debug("reuse: %d transfers to %s spill (%s vector stack moves) and give way", len(spilled),
+                      self.entry.name, "/".join(str(n) for n, _, _ in spilled))
+        for n, _, c in sorted(spilled)[:budget - len(kept)]:  # too few left: the least spilling, unrolled less
+            kept.append(self._unrolled_less(c, n))
+        return kept
+
+    def _unrolled_less(self, candidate: Candidate, spills: int) -> Candidate:
+        """``candidate`` with its unroll depths (the categorical decisions) stepped down one at a time,
+        then with its innermost tiles made a register-blocked micro-kernel (``DecisionSpace.register_tiles``,
+        the first ``REGISTER_TILES``), until its kernel spills no more than ``StormConfig.spill_veto``:
+        the one of those that spills least (``candidate`` itself where none spills less)."""
+        from stormdrop.search.space import DecisionSpace
+        from stormdrop.search.spills import vector_spills
+        from stormdrop.target import num_cores, vector_lanes
+
+        target = self.sketches.target
+        space = DecisionSpace(self.sketches.mod, self.sketches.postprocs, candidate.sch.trace, num_cores(target))
+        start, lanes = space.start, vector_lanes(target) or 0
+        less_unrolled = [start[:k] + (value,) + start[k + 1:] for k, c in enumerate(space.coordinates)
+                         if c.kind == "categorical" for value in range(start[k] - 1, -1, -1)]
+        tiles = space.register_tiles(start, lanes, registers=32 if lanes >= 16 else 16)[:REGISTER_TILES] if lanes else []
+        best = (spills, candidate)
+        for position in less_unrolled + tiles:
+            other = space.apply(position, phase=candidate.phase)
+            n = vector_spills(other.mod, target) if other is not None else None
+            if n is not None and n < best[0]:
+                best = (n, other)
+                if n <= self.config.spill_veto:
+                    break
+        return best[1]
 
     def _vetted(self, picks: list[Candidate], exact: set[str] = frozenset()) -> list[Candidate]:
         """The transfers, where a storm runs and the cost model's prior ranks

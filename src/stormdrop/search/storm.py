@@ -105,6 +105,11 @@ class StormConfig:
     # pass on a flaw (a tile refitted to 1 loses the vector loop, the next sibling inherits it).
     # Not the default: no better on held out networks where it was measured (docs/guide.md "Reuse").
     transfer_vetting: float = 0.0
+    # k > 0, on LLVM CPU targets: reuse compiles each transfer it would measure and passes over one whose
+    # kernel moves more than k vector registers to or from the stack (a refitted tile that spills:
+    # search.spills) for the next transfer that does not, from up to SPILL_SPARE more (the spilling
+    # ones last, fewest spills first, where none is left). 0: off.
+    spill_veto: int = 0
     # A small budget's first rounds (a first batch smaller than batch_size) give each task a sample
     # or two, and a task that starts with no donor hands its one schedule on to every later task
     # of a related class (reuse): a lead with heirs measures up to this many storm samples first
