@@ -29,6 +29,8 @@ _ARMS = {"cold_tuned": ("tuned with the caches flushed (--cache-flush", "tuned w
                           "as lowered", "padded width / as lowered", False, "output width padded"),
          "unpadded_width": ("tuned with convolutions at their own output width (--pad-conv-width ab", "padded width",
                             "unpadded / padded", False, "unpadded width"),
+         "padded_height": ("tuned with badly tiling convolution output heights padded too (--pad-conv-height ab",
+                           "as lowered", "padded height / as lowered", False, "output height padded"),
          "nchw_shuffles": ("tuned with channel shuffles in NCHW (--nhwc-shuffles ab", "NHWC shuffles",
                            "NCHW / NHWC shuffles", False, "NCHW shuffles"),
          "direct": ("tuned with every convolution direct (--winograd-ab", "as lowered", "direct / as lowered", False,
@@ -116,6 +118,7 @@ LOWERING_SWITCHES = {
                          "width padded too (at most 1/16 more)"),
     "pad_conv_width": ("unpadded_width", "convolutions whose output width has no divisor from 4 to 16 computed "
                        "over a few more output columns"),
+    "pad_conv_height": ("padded_height", "with --pad-conv-width, convolution output heights that tile so padded too"),
     "concat_copies": ("select_concat", "concatenations alone as one copy per input"),
     "split_concats": ("split_concats", "channel concatenations that feed only convolutions computed as partial "
                       "convolutions of their inputs"),

@@ -66,9 +66,29 @@ def test_convolutions_of_a_badly_tiling_width_are_computed_wider_and_match_onnxr
         assert err <= 1e-5 * scale, (pad, err, scale)
 
 
+@pytest.mark.slow
+def test_with_pad_conv_height_the_widened_convolutions_are_computed_taller_too_and_match_onnxruntime():
+    model = _model()
+    inputs = random_inputs(model, 0)
+    ref, _ = run_onnxruntime(model.onnx_model, inputs, 2)
+    fused, tasks = extract_tasks(model, TARGET, Lowering(winograd="off", pad_conv_height=True))
+    widened = [k for k, _ in tasks if "width" in k.name]
+    assert len(widened) == 3
+    for kernel in widened:  # 30 x 30 computed (29 x 29 cropped), with no bounds check on the stem's loads
+        script = kernel.mod.script()
+        assert "T.int64(30), T.int64(30), T.int64(16)" in script and "T_width" not in kernel.op_class, kernel.name
+        assert "if_then_else" not in script or "nchw_nhwc" not in kernel.name
+    ex = tvm.compile(apply_records(fused, ms.database.MemoryDatabase(), TARGET), target=TARGET)
+    outs, _ = run_model(ex, inputs, TARGET, time_it=False)
+    err, scale = max_abs_diff(outs, ref)
+    assert [o.shape for o in outs] == [(1, 32, 15, 15)] and err <= 1e-5 * scale, (err, scale)
+
+
 def test_on_by_default_and_a_tune_before_it_or_without_it_is_compiled_without_it():
     noted = Lowering().noted()
     assert noted["pad_conv_width"] is True and Lowering().as_tuned(noted) == Lowering()
     assert Lowering().as_tuned({**noted, "pad_conv_width": False}) == Lowering(pad_conv_width=False)
     assert Lowering().as_tuned({k: v for k, v in noted.items() if k != "pad_conv_width"}) \
         == Lowering(pad_conv_width=False)
+    assert noted["pad_conv_height"] is False  # off by default
+    assert Lowering(pad_conv_height=True).as_tuned(noted) == Lowering()  # a tune without it: compiled without

@@ -35,7 +35,7 @@ from stormdrop.tvm_compat.relax_passes import combine_parallel_matmuls
 
 # switches a tune notes (``Lowering.noted``): a note without one was of a tune before it
 NOTED_SWITCHES = ("pad_conv_columns", "concat_copies", "nhwc_shuffles", "pad_narrow_columns", "pad_half_columns",
-                  "pad_conv_width")
+                  "pad_conv_width", "pad_conv_height")
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,8 @@ class Lowering:
     ``pad_conv_width``: convolutions whose output width has no divisor from 4 to 16 (a 59- or
     29-wide image) computed over a few more output columns and cropped (``padded_width``), on CPUs.
     On by default.
+    ``pad_conv_height``: with ``pad_conv_width``, output heights that tile so padded too (more output
+    rows, cropped alike). Off by default.
     ``concat_copies``: concatenations that fusion leaves alone as one vectorizable copy per input
     into its slice of the output (``concat``) instead of TVM's per-element choice of input, on CPUs.
     On by default.
@@ -91,6 +93,7 @@ class Lowering:
     pad_narrow_columns: bool = True
     pad_half_columns: bool = True
     pad_conv_width: bool = True
+    pad_conv_height: bool = False
     concat_copies: bool = True
     split_concats: bool = False
     nhwc_shuffles: bool = True
@@ -180,7 +183,7 @@ class Lowering:
             if self.pad_rows and cpu:
                 rules.update(padded_rows.legalizations())
             if self.pad_conv_width and cpu:  # direct convolutions only: inside the Winograd rule
-                rules["relax.nn.conv2d"] = padded_width.legalization(rules["relax.nn.conv2d"])
+                rules["relax.nn.conv2d"] = padded_width.legalization(rules["relax.nn.conv2d"], self.pad_conv_height)
             if self.winograd != "off" and cpu:
                 rules["relax.nn.conv2d"] = winograd_legalization(self.winograd, rules["relax.nn.conv2d"])
             if (self.pad_columns or self.pad_conv_columns) and cpu:
