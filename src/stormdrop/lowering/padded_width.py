@@ -126,12 +126,12 @@ def legalization(inner_conv: Callable[[relax.BlockBuilder, relax.Call], relax.Ex
         if not found:
             return inner_conv(bb, call)
         a = call.attrs
-        out = conv_layouts(a)[2]
+        layouts = conv_layouts(a)  # (the kernel named as the layout's rule names it)
+        out = layouts[2]
         extra = {out[axis]: (goal - extent) * stride for axis, extent, goal, stride in found}
         crop = {out[axis]: extent for axis, extent, _, _ in found}
         pt, pl, pb, pr = four_pads(a.padding)
         if not (pt or pl or pb or pr):
-            layouts = conv_layouts(a)  # (the kernel named as the layout's rule names it)
             hint = "conv2d_nchw_nhwc" if layouts == NCHW_IN_NHWC_OUT else "conv2d"
             conv = bb.emit(bb.call_te(conv_clamped, call.args[0], call.args[1], a.strides, a.dilation, int(a.groups),
                                       layouts, str(call.ty.dtype), extra, primfunc_name_hint=hint))

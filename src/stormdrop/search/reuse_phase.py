@@ -119,7 +119,6 @@ class Reuse:
         the first ``REGISTER_TILES``), until its kernel spills no more than ``StormConfig.spill_veto``:
         the one of those that spills least (``candidate`` itself where none spills less)."""
         from stormdrop.search.space import DecisionSpace
-        from stormdrop.search.spills import vector_spills
         from stormdrop.target import num_cores, vector_lanes
 
         target = self.sketches.target
@@ -127,11 +126,11 @@ class Reuse:
         start, lanes = space.start, vector_lanes(target) or 0
         less_unrolled = [start[:k] + (value,) + start[k + 1:] for k, c in enumerate(space.coordinates)
                          if c.kind == "categorical" for value in range(start[k] - 1, -1, -1)]
-        tiles = space.register_tiles(start, lanes, registers=32 if lanes >= 16 else 16)[:REGISTER_TILES] if lanes else []
+        tiles = space.register_tiles(start, lanes)[:REGISTER_TILES] if lanes else []
         best = (spills, candidate)
         for position in less_unrolled + tiles:
             other = space.apply(position, phase=candidate.phase)
-            n = vector_spills(other.mod, target) if other is not None else None
+            n = self._spills(other) if other is not None else None
             if n is not None and n < best[0]:
                 best = (n, other)
                 if n <= self.config.spill_veto:

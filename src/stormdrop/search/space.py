@@ -200,7 +200,7 @@ class DecisionSpace:
                 out.append(position[:k] + (o,) + position[k + 1:])
         return out
 
-    def register_tiles(self, position: tuple, lanes: int, registers: int = 32) -> list[tuple]:
+    def register_tiles(self, position: tuple, lanes: int, registers: int | None = None) -> list[tuple]:
         """Positions whose innermost spatial tiles form a register-blocked micro-kernel.
 
         The first multi-level-tiled block's spatial loops (4-level tiles, in loop order,
@@ -211,6 +211,8 @@ class DecisionSpace:
         either keeps the position's factors or runs the vector loop's outer part across
         the cores. Positions with fewer parallel chunks than two per core are left out.
         """
+        if registers is None:  # the ISA's vector registers: 32 with AVX-512's 16 lanes, 16 with AVX2's 8
+            registers = 32 if lanes >= 16 else 16
         coords = self.coordinates
         first = next((k for k, c in enumerate(coords) if c.kind == "tile" and c.size == 4), len(coords))
         run = list(itertools.takewhile(lambda k: coords[k].kind == "tile" and coords[k].size == 4,

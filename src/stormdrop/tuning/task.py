@@ -389,7 +389,7 @@ class TaskTuner:
                               num_cores=int(task.target.attrs.get("num-cores", 1)))
         lanes = vector_lanes(task.target)
         jumps = [] if not lanes or self.raindrop_config.register_tiles <= 0 or len(task.stored(Phase.RAINDROP)) \
-            else space.register_tiles(space.start, lanes, registers=32 if lanes >= 16 else 16)
+            else space.register_tiles(space.start, lanes)
         # without a storm the model knows the prior and a few transfers: it ranks as the prior does,
         # and retraining on those few (seconds a task) is left out
         model = self._cost_model()
