@@ -317,3 +317,56 @@ def test_a_resumed_run_is_not_charged_twice_for_its_transfers(tmp_path, donor_db
     with Database(db) as d:
         entry = d.find_workload(parse_kernel("matmul:M=48,N=80,K=64").mod)
         assert len(d.records(entry.workload_id)) == 8
+
+
+def test_a_refitted_innermost_factor_above_the_lanes_is_whole_vectors():
+    # 72 channels from a 16-wide donor tile on AVX-512: 12 (one register), not the nearer 18 (a vector
+    # and two lanes, which LLVM legalizes into shuffles and spills)
+    assert nearest_factorization([1, 4, 1, 16], 72, 64, lanes=16) == [2, 3, 1, 12]
+    assert nearest_factorization([1, 4, 1, 16], 72, 64) == [1, 4, 1, 18]  # no lanes: nearest in log scale
+    assert nearest_factorization([1, 1, 1, 64], 480, 64, lanes=16)[-1] == 48  # not 60: three whole vectors
+    assert nearest_factorization([1, 1, 1, 16], 24, 64, lanes=8)[-1] == 24  # AVX2: 24 is three vectors
+    assert nearest_factorization([1, 1, 1, 16], 17, 64, lanes=16)[-1] == 17  # else 1: no vector at all
+    assert nearest_factorization([4, 1, 1, 12], 62, 64, lanes=16) == [2, 1, 1, 31]  # 2 or 31 rows: as before
+
+
+@pytest.mark.parametrize("whole_vectors,inner", [(True, 12), (False, 18)])
+def test_the_reuse_phase_transfers_a_16_wide_vector_tile_to_72_columns_in_whole_vectors(tmp_path, whole_vectors,
+                                                                                         inner):
+    """A donor matmul whose vectorized (column) tile is 16 wide, transferred by the reuse phase to 72
+    columns on AVX-512: by default the column tile is 12 wide (not 18), and the kernel computes right."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from stormdrop.records import MeasureResult, Record
+    from stormdrop.search.reuse_phase import Reuse
+    from stormdrop.search.sketches import Sketches
+    from stormdrop.search.space import Candidate, DecisionSpace
+    from stormdrop.target import canonical
+
+    avx512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+    donor, kernel = parse_kernel("matmul:M=64,N=64,K=64"), parse_kernel("matmul:M=64,N=72,K=64")
+    key = canonical(host_target())
+    with Database(tmp_path / "d.db") as db:
+        sketches = Sketches(donor.mod, avx512, seed=0)
+        space = DecisionSpace(donor.mod, sketches.postprocs, sketches.spaces()[0].trace, 2)
+        tiles = [k for k, c in enumerate(space.coordinates) if c.kind == "tile" and c.size == 4]
+        position = list(space.start)
+        position[tiles[0]], position[tiles[1]] = (4, 2, 1, 8), (1, 4, 1, 16)
+        cand = space.apply(tuple(position), phase=Phase.STORM)
+        assert isinstance(cand, Candidate)
+        entry = db.commit_workload(donor.mod, name=donor.name, op_class="matmul", flops=donor.flops)
+        db.commit_record(Record(entry.workload_id, key, cand.key, cand.trace_json, "[]",
+                                MeasureResult(run_secs=(1e-4,) * 3), Phase.STORM, 0.0))
+        target = db.commit_workload(kernel.mod, name=kernel.name, op_class="matmul", flops=kernel.flops)
+        config = replace(StormConfig(), whole_vectors=whole_vectors)
+        reuse = Reuse(db, target, key, Sketches(kernel.mod, avx512, seed=0), SimpleNamespace(ranks=False),
+                      budget=1, config=config)
+        (moved,) = reuse.propose()
+    assert StormConfig().whole_vectors
+    tiles = [d for kind, d in _decisions(moved.sch.trace) if kind == "SamplePerfectTile" and len(d) == 4]
+    assert tiles[1][-1] == inner and math.prod(tiles[1]) == 72
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(shape).astype(dtype) for _, shape, dtype in kernel_args(kernel.mod)]
+    np.testing.assert_allclose(_run(moved.sch.mod, [a.copy() for a in args]),
+                               _run(kernel.mod, [a.copy() for a in args]), rtol=1e-4, atol=1e-4)

@@ -17,7 +17,12 @@ Blocks are matched by kind, counters and variable numbers left out
 ``search.donors``.
 Tile factorizations that do not fit the new loop extents are mapped to the
 nearest valid factorization (inner levels first: they hold the register tile
-and the vector width), never dropped; the other decisions are kept.
+and the vector width), never dropped; the other decisions are kept. On a CPU
+an innermost factor above the vector's lane count must be a multiple of it
+where another divisor fits: that loop is the one vectorized, and LLVM
+legalizes a vector of 18, 24 or 40 floats (AVX-512) into shuffles and stack
+spills; 15 lanes are one register, masked (a 1x1 convolution's 120 channels
+with a 24-wide tile ran 11x slower than with a 15-wide one).
 A donor's decisions are also moved into each of this workload's sketches (its design
 spaces: with the epilogue computed apart or inside the tiles, a write cache or not): the
 k-th tile size and categorical choice of the sketch take the donor's k-th, refitted. The
@@ -56,10 +61,12 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def nearest_factorization(old: list[int], extent: int, max_innermost: int = 0) -> list[int]:
+def nearest_factorization(old: list[int], extent: int, max_innermost: int = 0, lanes: int = 0) -> list[int]:
     """``len(old)`` factors whose product is ``extent``, each as close to ``old`` (log scale) as can be.
 
-    Filled from the innermost level outwards; the outermost level takes what remains.
+    Filled from the innermost level outwards; the outermost level takes what remains. ``lanes`` > 1:
+    the innermost factor is at most ``lanes`` or a multiple of it, where such a divisor of 4 or more
+    fits (a vector loop stays a vector loop).
     """
     if math.prod(old) == extent:
         return list(old)
@@ -68,6 +75,9 @@ def nearest_factorization(old: list[int], extent: int, max_innermost: int = 0) -
     for i in range(len(old) - 1, 0, -1):
         limit = max_innermost if (i == len(old) - 1 and max_innermost > 0) else rest
         options = [d for d in divisors(rest) if d <= limit] or [1]
+        if i == len(old) - 1 and lanes > 1:
+            whole = [d for d in options if d <= lanes or d % lanes == 0]
+            options = whole if max(whole, default=1) >= 4 else options  # not at the cost of the vector
         out[i] = min(options, key=lambda d: (abs(math.log(d) - math.log(max(1, old[i]))), -d))
         rest //= out[i]
     out[0] = rest
@@ -136,10 +146,11 @@ def _inline(sch: Schedule, name: str) -> None:
         sch.reverse_compute_inline(block)
 
 
-def transfer(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModule, postprocs: list) -> Schedule | None:
+def transfer(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModule, postprocs: list,
+             lanes: int = 0) -> Schedule | None:
     """The donor's schedule replayed on ``mod`` (blocks matched by kind, this workload's extra
     elementwise epilogues inlined first, the donor's extra ones left out of its trace, tiles
-    refitted); None when it does not apply."""
+    refitted: ``nearest_factorization``, ``lanes`` as it takes it); None when it does not apply."""
     try:
         donor = schedule_from_trace_json(donor_mod, donor_trace_json)
         sch = Schedule(mod)
@@ -157,7 +168,7 @@ def transfer(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModule, 
         def refit(inst, inputs, attrs, decision):
             if inst.kind.name == "SamplePerfectTile":
                 extent = int(sch.get(inputs[0]).extent)
-                return nearest_factorization([int(d) for d in decision], extent, int(attrs[1]))
+                return nearest_factorization([int(d) for d in decision], extent, int(attrs[1]), lanes)
             return decision
 
         trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=refit)
@@ -195,7 +206,7 @@ def _decisions(trace: Trace) -> tuple[list[list[int]], list[int]]:
 
 
 def in_sketches(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModule, spaces: Sequence[Schedule],
-                postprocs: list) -> list[Schedule]:
+                postprocs: list, lanes: int = 0) -> list[Schedule]:
     """The donor's decisions in each of ``mod``'s sketches (``spaces``, its design spaces) whose tile
     instructions line up with the donor's (as many, the same lengths): the k-th tile size (refitted)
     and categorical choice of the sketch are the donor's k-th. Sketches that do not line up, or
@@ -219,7 +230,7 @@ def in_sketches(donor_mod: tvm.IRModule, donor_trace_json: str, mod: tvm.IRModul
             k = counts[kind]
             counts[kind] += 1
             if kind == "SamplePerfectTile":
-                return nearest_factorization(tiles[k], int(sch.get(inputs[0]).extent), int(attrs[1]))
+                return nearest_factorization(tiles[k], int(sch.get(inputs[0]).extent), int(attrs[1]), lanes)
             return cats[k] if k < len(cats) and cats[k] < len(attrs[0]) else decision
 
         try:
@@ -236,7 +247,7 @@ def transfers(db: Database, entry: WorkloadEntry, target_key: str, postprocs: li
               others: Sequence[Database] = (), per_donor: int = 1, order: str = "class",
               spaces: Sequence[Schedule] = (), enough: int = 0, sketch_donors: int = 0,
               exact: set[str] | None = None, exact_sources: bool = True, fastest_of: int = 1,
-              exact_too: bool = False) -> list[list[Candidate]]:
+              exact_too: bool = False, lanes: int = 0) -> list[list[Candidate]]:
     """Transferred schedules for ``entry`` from at most ``limit`` donors (``donors.donors`` order), one
     list per donor: its ``per_donor`` best records transferred, distinct, best first, then its best
     record's decisions in each of ``spaces`` (``in_sketches``). A donor none of whose schedules
@@ -244,7 +255,8 @@ def transfers(db: Database, entry: WorkloadEntry, target_key: str, postprocs: li
     that many (each transfer costs a replay and the postprocessors). ``sketch_donors`` > 0: only the
     first that many donors' decisions go into ``spaces``. ``exact``: given, it is told the keys of
     the schedules that came from this very workload (another database's, the hub's);
-    ``exact_sources``, ``fastest_of``, ``exact_too``: as ``donors.donors`` takes them."""
+    ``exact_sources``, ``fastest_of``, ``exact_too``: as ``donors.donors`` takes them; ``lanes``:
+    as ``nearest_factorization`` takes it."""
     groups, seen = [], set()
     for donor, traces in donors(db, entry, target_key, others, per_donor, order, exact_sources,
                                 fastest_of=fastest_of, exact_too=exact_too):
@@ -254,11 +266,12 @@ def transfers(db: Database, entry: WorkloadEntry, target_key: str, postprocs: li
         same = donor.shash == entry.shash and tvm_ffi.structural_equal(donor.mod, entry.mod)
         if same:
             # this very workload: its schedule as stored (or, its blocks named apart, transferred)
-            schedules = [replayed(entry.mod, t) or transfer(donor.mod, t, entry.mod, postprocs) for t in traces]
+            schedules = [replayed(entry.mod, t) or transfer(donor.mod, t, entry.mod, postprocs, lanes)
+                         for t in traces]
         else:
-            schedules = [transfer(donor.mod, t, entry.mod, postprocs) for t in traces]
+            schedules = [transfer(donor.mod, t, entry.mod, postprocs, lanes) for t in traces]
         if spaces and (not sketch_donors or len(groups) < sketch_donors):
-            schedules += in_sketches(donor.mod, traces[0], entry.mod, spaces, postprocs)
+            schedules += in_sketches(donor.mod, traces[0], entry.mod, spaces, postprocs, lanes)
         for sch in schedules:
             if sch is None:
                 continue

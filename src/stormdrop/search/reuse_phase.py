@@ -17,6 +17,7 @@ from stormdrop.search.sketches import Sketches
 from stormdrop.search.space import Candidate
 from stormdrop.search.storm import Storm, StormConfig
 from stormdrop.storage.database import Database, WorkloadEntry
+from stormdrop.target import vector_lanes
 
 log = logging.getLogger("stormdrop")
 
@@ -57,6 +58,7 @@ class Reuse:
         in_sketches = cfg.transfer_sketches
         ranked = cfg.transfer_ranked if self.model.ranks and in_sketches and pool == 1 else 0
         exact: set[str] = set()
+        lanes = (vector_lanes(sketches.target) or 0) if cfg.whole_vectors else 0
 
         def made(spare: int) -> list[list[Candidate]]:  # the transfers, ``spare`` more than the budget
             return transfers(self.db, self.entry, self.target_key, sketches.postprocs,
@@ -65,7 +67,8 @@ class Reuse:
                              order=cfg.donor_order, spaces=sketches.spaces() if in_sketches else (),
                              enough=max(budget, ranked) + spare if in_sketches and pool == 1 else 0,
                              sketch_donors=cfg.sketch_donors, exact=exact, exact_sources=not cfg.hub_transfers,
-                             fastest_of=cfg.fastest_donors, exact_too=cfg.fastest_exact)
+                             fastest_of=cfg.fastest_donors, exact_too=cfg.fastest_exact,
+                             lanes=lanes)
 
         groups = made(0)
         if not groups:

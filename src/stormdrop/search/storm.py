@@ -110,6 +110,10 @@ class StormConfig:
     # search.spills) for the next transfer that does not, from up to SPILL_SPARE more (the spilling
     # ones last, fewest spills first, where none is left). 0: off.
     spill_veto: int = 0
+    # On a CPU a transfer's innermost tile factor above the vector's lane count is a multiple of it,
+    # where the new extent allows (search.reuse.nearest_factorization): LLVM turns a vectorized loop
+    # of 24 floats on AVX-512 into shuffles and spills. False: the nearest divisor, as before.
+    whole_vectors: bool = True
     # A small budget's first rounds (a first batch smaller than batch_size) give each task a sample
     # or two, and a task that starts with no donor hands its one schedule on to every later task
     # of a related class (reuse): a lead with heirs measures up to this many storm samples first
