@@ -330,11 +330,12 @@ def test_a_refitted_innermost_factor_above_the_lanes_is_whole_vectors():
     assert nearest_factorization([4, 1, 1, 12], 62, 64, lanes=16) == [2, 1, 1, 31]  # 2 or 31 rows: as before
 
 
-@pytest.mark.parametrize("whole_vectors,inner", [(True, 12), (False, 18)])
+@pytest.mark.parametrize("whole_vectors,inner", [(True, 12), (False, 18), (None, 18)])
 def test_the_reuse_phase_transfers_a_16_wide_vector_tile_to_72_columns_in_whole_vectors(tmp_path, whole_vectors,
                                                                                          inner):
     """A donor matmul whose vectorized (column) tile is 16 wide, transferred by the reuse phase to 72
-    columns on AVX-512: by default the column tile is 12 wide (not 18), and the kernel computes right."""
+    columns on AVX-512: with ``whole_vectors`` the column tile is 12 wide (not 18; by default 18), and
+    the kernel computes right."""
     from dataclasses import replace
     from types import SimpleNamespace
 
@@ -359,11 +360,10 @@ def test_the_reuse_phase_transfers_a_16_wide_vector_tile_to_72_columns_in_whole_
         db.commit_record(Record(entry.workload_id, key, cand.key, cand.trace_json, "[]",
                                 MeasureResult(run_secs=(1e-4,) * 3), Phase.STORM, 0.0))
         target = db.commit_workload(kernel.mod, name=kernel.name, op_class="matmul", flops=kernel.flops)
-        config = replace(StormConfig(), whole_vectors=whole_vectors)
+        config = StormConfig() if whole_vectors is None else replace(StormConfig(), whole_vectors=whole_vectors)
         reuse = Reuse(db, target, key, Sketches(kernel.mod, avx512, seed=0), SimpleNamespace(ranks=False),
                       budget=1, config=config)
         (moved,) = reuse.propose()
-    assert StormConfig().whole_vectors
     tiles = [d for kind, d in _decisions(moved.sch.trace) if kind == "SamplePerfectTile" and len(d) == 4]
     assert tiles[1][-1] == inner and math.prod(tiles[1]) == 72
     rng = np.random.default_rng(0)

@@ -112,8 +112,9 @@ class StormConfig:
     spill_veto: int = 0
     # On a CPU a transfer's innermost tile factor above the vector's lane count is a multiple of it,
     # where the new extent allows (search.reuse.nearest_factorization): LLVM turns a vectorized loop
-    # of 24 floats on AVX-512 into shuffles and spills. False: the nearest divisor, as before.
-    whole_vectors: bool = True
+    # of 24 floats on AVX-512 into shuffles and spills. Not the default: on four held-out networks at
+    # 128 trials the models came out 0.5-4% slower in 6 of 8 runs (docs/guide.md "Reuse").
+    whole_vectors: bool = False
     # A small budget's first rounds (a first batch smaller than batch_size) give each task a sample
     # or two, and a task that starts with no donor hands its one schedule on to every later task
     # of a related class (reuse): a lead with heirs measures up to this many storm samples first
