@@ -194,6 +194,39 @@ def test_register_tiles_can_be_turned_off():
     assert all((1, 1) != c.position for c in drop.propose() if not c.remeasure)
 
 
+def test_unroll_depths_come_first_then_the_register_tiles():
+    space = GridSpace((5, 5), 10)
+    depths, jumps = [(5, 0), (5, 9)], [(0, 0), (9, 9), (2, 2)]
+    drop = Raindrop(space, make((5, 5)), (1e-3,) * 5, budget=50, config=RaindropConfig(batch_size=8),
+                    register_tiles=jumps, unroll_depths=depths)
+    first = [c.position for c in drop.propose() if not c.remeasure]
+    assert set(first[:2]) == set(depths) and set(first[2:5]) == set(jumps) and drop.radius == 0
+    off = Raindrop(space, make((5, 5)), (1e-3,) * 5, budget=50, config=RaindropConfig(unroll_jumps=False),
+                   register_tiles=jumps, unroll_depths=depths)
+    assert not set(depths) & {c.position for c in off.propose() if not c.remeasure}
+    alone = Raindrop(space, make((5, 5)), (1e-3,) * 5, budget=50, unroll_depths=depths)  # no register tiles
+    assert {c.position for c in alone.propose() if not c.remeasure} >= set(depths) and alone.radius == 0
+
+
+def test_the_unroll_depths_of_a_real_schedule_are_each_other_value_of_its_categorical_decisions():
+    from stormdrop.search.sketches import Sketches
+    from stormdrop.search.space import DecisionSpace
+    from stormdrop.target import host_target
+    from stormdrop.workloads import parse_kernel
+
+    mod = parse_kernel("matmul:M=64,N=64,K=64").mod
+    sketches = Sketches(mod, host_target(), seed=0)
+    space = DecisionSpace(mod, sketches.postprocs, sketches.spaces()[0].trace, 2)
+    cats = [k for k, c in enumerate(space.coordinates) if c.kind == "categorical"]
+    assert cats  # MetaSchedule's unroll depth
+    depths = space.unroll_depths(space.start)
+    assert len(depths) == sum(space.coordinates[k].size - 1 for k in cats)
+    for p in depths:
+        changed = [k for k in range(len(p)) if p[k] != space.start[k]]
+        assert len(changed) == 1 and changed[0] in cats
+        assert space.apply(p) is not None  # each one a schedule
+
+
 def test_stored_results_cost_the_budget_nothing():
     """A neighbour whose result was stored already (a killed run's, the storm's) is told as not fresh:
     the budget pays only for what was measured for the batch, so a resumed run measures as many."""

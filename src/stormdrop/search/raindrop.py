@@ -19,6 +19,10 @@ Before the first neighbours, the raindrop may try a few *register tiles*
 innermost tiles that single steps reach only through slower intermediate
 positions. They are told like neighbours (the t-test decides) and count
 against the budget; the cost model picks which ``register_tiles`` to measure.
+Before those, the incumbent at each other unroll depth (``DecisionSpace.unroll_depths``,
+``RaindropConfig.unroll_jumps``): a transferred tile whose accumulators went
+through memory at its donor's depth can hold them in registers two depths up,
+where a step of one changes nothing.
 """
 
 from __future__ import annotations
@@ -46,6 +50,9 @@ class RaindropConfig:
     batch_size: int = 8
     remeasure_incumbent: bool = True
     register_tiles: int = 8  # register-tile jumps measured first (0: none)
+    # the incumbent at every other unroll depth measured first too, before the register tiles
+    # (``DecisionSpace.unroll_depths``)
+    unroll_jumps: bool = True
     # a model's tasks under a global trial cap: batches no larger than a task's share of the cap
     # (``tuning.budget.raindrop_batch``); off: mixed on held-out networks (RESULTS, "Raindrop batches
     # of a task's share")
@@ -74,7 +81,7 @@ class Raindrop:
     def __init__(self, space: DecisionSpace, incumbent: Candidate, incumbent_times: tuple[float, ...], *,
                  budget: int, seed: int = 0, config: RaindropConfig | None = None,
                  rank: Callable[[list[Candidate]], list[float]] | None = None,
-                 register_tiles: list[tuple] = ()) -> None:
+                 register_tiles: list[tuple] = (), unroll_depths: list[tuple] = ()) -> None:
         self.space = space
         self.config = config or RaindropConfig()
         self.budget = budget
@@ -91,10 +98,12 @@ class Raindrop:
         self.ahead: list[Candidate] | None = None  # the next radius's neighbours, drawn on to fill a batch
         self.moves = 0
         self.done = budget <= 0
-        if register_tiles and self.config.register_tiles > 0 and not self.done:
-            self.queue = self._candidates(register_tiles)[:self.config.register_tiles]
+        tiles = register_tiles if self.config.register_tiles > 0 else ()
+        depths = unroll_depths if self.config.unroll_jumps else ()
+        if (tiles or depths) and not self.done:
+            self.queue = self._candidates(list(depths)) + self._candidates(list(tiles))[:self.config.register_tiles]
             self.radius = 0 if self.queue else 1  # radius 0: the jumps; none wins -> radius 1
-            log.debug("raindrop: %d register tiles first", len(self.queue))
+            log.debug("raindrop: %d jumps first (unroll depths, register tiles)", len(self.queue))
 
     def propose(self, limit: int | None = None) -> list[Candidate] | None:
         """The next batch of at most ``limit`` neighbours (plus the incumbent, re-measured), or None when done."""

@@ -200,6 +200,14 @@ class DecisionSpace:
                 out.append(position[:k] + (o,) + position[k + 1:])
         return out
 
+    def unroll_depths(self, position: tuple) -> list[tuple]:
+        """``position`` at each other value of its categorical decisions (the unroll depth), one
+        decision changed at a time: a jump, where the neighbours step one value. A refitted or
+        transferred tile's accumulators stay in registers at one depth and go through memory at
+        the next (docs/guide.md, "Raindrop")."""
+        return [position[:k] + (v,) + position[k + 1:] for k, c in enumerate(self.coordinates)
+                if c.kind == "categorical" for v in range(c.size) if v != position[k]]
+
     def register_tiles(self, position: tuple, lanes: int, registers: int | None = None) -> list[tuple]:
         """Positions whose innermost spatial tiles form a register-blocked micro-kernel.
 

@@ -388,11 +388,13 @@ class TaskTuner:
         space = DecisionSpace(task.kernel.mod, self._sketches().postprocs, incumbent.sch.trace,
                               num_cores=int(task.target.attrs.get("num-cores", 1)))
         lanes = vector_lanes(task.target)
-        jumps = [] if not lanes or self.raindrop_config.register_tiles <= 0 or len(task.stored(Phase.RAINDROP)) \
-            else space.register_tiles(space.start, lanes)
+        first = not task.stored(Phase.RAINDROP)  # jumps only from a task's first incumbent
+        jumps = space.register_tiles(space.start, lanes) if lanes and first and self.raindrop_config.register_tiles > 0 \
+            else []
+        depths = space.unroll_depths(space.start) if lanes and first else []
         # without a storm the model knows the prior and a few transfers: it ranks as the prior does,
         # and retraining on those few (seconds a task) is left out
         model = self._cost_model()
         rank = model.predict if Phase.STORM in self.phases else partial(model.predict, learn=False)
         return Raindrop(space, incumbent, best[0].result.run_secs, budget=budget, seed=task.seed,
-                        config=self.raindrop_config, rank=rank, register_tiles=jumps)
+                        config=self.raindrop_config, rank=rank, register_tiles=jumps, unroll_depths=depths)
