@@ -197,14 +197,13 @@ def test_register_tiles_can_be_turned_off():
 def test_unroll_depths_come_first_then_the_register_tiles():
     space = GridSpace((5, 5), 10)
     depths, jumps = [(5, 0), (5, 9)], [(0, 0), (9, 9), (2, 2)]
-    drop = Raindrop(space, make((5, 5)), (1e-3,) * 5, budget=50, config=RaindropConfig(batch_size=8),
-                    register_tiles=jumps, unroll_depths=depths)
+    on = RaindropConfig(batch_size=8, unroll_jumps=True)
+    drop = Raindrop(space, make((5, 5)), (1e-3,) * 5, budget=50, config=on, register_tiles=jumps, unroll_depths=depths)
     first = [c.position for c in drop.propose() if not c.remeasure]
     assert set(first[:2]) == set(depths) and set(first[2:5]) == set(jumps) and drop.radius == 0
-    off = Raindrop(space, make((5, 5)), (1e-3,) * 5, budget=50, config=RaindropConfig(unroll_jumps=False),
-                   register_tiles=jumps, unroll_depths=depths)
-    assert not set(depths) & {c.position for c in off.propose() if not c.remeasure}
-    alone = Raindrop(space, make((5, 5)), (1e-3,) * 5, budget=50, unroll_depths=depths)  # no register tiles
+    off = Raindrop(space, make((5, 5)), (1e-3,) * 5, budget=50, register_tiles=jumps, unroll_depths=depths)
+    assert not set(depths) & {c.position for c in off.propose() if not c.remeasure}  # the default: off
+    alone = Raindrop(space, make((5, 5)), (1e-3,) * 5, budget=50, config=on, unroll_depths=depths)  # no tiles
     assert {c.position for c in alone.propose() if not c.remeasure} >= set(depths) and alone.radius == 0
 
 

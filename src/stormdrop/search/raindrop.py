@@ -19,10 +19,10 @@ Before the first neighbours, the raindrop may try a few *register tiles*
 innermost tiles that single steps reach only through slower intermediate
 positions. They are told like neighbours (the t-test decides) and count
 against the budget; the cost model picks which ``register_tiles`` to measure.
-Before those, the incumbent at each other unroll depth (``DecisionSpace.unroll_depths``,
-``RaindropConfig.unroll_jumps``): a transferred tile whose accumulators went
-through memory at its donor's depth can hold them in registers two depths up,
-where a step of one changes nothing.
+With ``RaindropConfig.unroll_jumps`` (off by default), before those the incumbent
+at each other unroll depth (``DecisionSpace.unroll_depths``): a transferred tile
+whose accumulators went through memory at its donor's depth can hold them in
+registers two depths up, where a step of one changes nothing.
 """
 
 from __future__ import annotations
@@ -51,8 +51,9 @@ class RaindropConfig:
     remeasure_incumbent: bool = True
     register_tiles: int = 8  # register-tile jumps measured first (0: none)
     # the incumbent at every other unroll depth measured first too, before the register tiles
-    # (``DecisionSpace.unroll_depths``)
-    unroll_jumps: bool = True
+    # (``DecisionSpace.unroll_depths``); off: slower on three of four held-out networks at 128
+    # trials (docs/guide.md, "Register tiles")
+    unroll_jumps: bool = False
     # a model's tasks under a global trial cap: batches no larger than a task's share of the cap
     # (``tuning.budget.raindrop_batch``); off: mixed on held-out networks (RESULTS, "Raindrop batches
     # of a task's share")

@@ -204,7 +204,7 @@ class DecisionSpace:
         """``position`` at each other value of its categorical decisions (the unroll depth), one
         decision changed at a time: a jump, where the neighbours step one value. A refitted or
         transferred tile's accumulators stay in registers at one depth and go through memory at
-        the next (docs/guide.md, "Raindrop")."""
+        the next (docs/guide.md, "Register tiles")."""
         return [position[:k] + (v,) + position[k + 1:] for k, c in enumerate(self.coordinates)
                 if c.kind == "categorical" for v in range(c.size) if v != position[k]]
 
