@@ -388,10 +388,10 @@ class TaskTuner:
         space = DecisionSpace(task.kernel.mod, self._sketches().postprocs, incumbent.sch.trace,
                               num_cores=int(task.target.attrs.get("num-cores", 1)))
         lanes = vector_lanes(task.target)
-        first = not task.stored(Phase.RAINDROP)  # jumps only from a task's first incumbent
-        jumps = space.register_tiles(space.start, lanes) if lanes and first and self.raindrop_config.register_tiles > 0 \
-            else []
-        depths = space.unroll_depths(space.start) if lanes and first else []
+        first = bool(lanes) and not task.stored(Phase.RAINDROP)  # jumps: on CPUs, from a task's first incumbent
+        cfg = self.raindrop_config
+        jumps = space.register_tiles(space.start, lanes) if first and cfg.register_tiles > 0 else []
+        depths = space.unroll_depths(space.start) if first and cfg.unroll_jumps else []
         # without a storm the model knows the prior and a few transfers: it ranks as the prior does,
         # and retraining on those few (seconds a task) is left out
         model = self._cost_model()
