@@ -111,3 +111,39 @@ def test_a_spilling_candidate_unrolled_less_spills_less():
     assert repaired is not spilling and repaired.phase == Phase.REUSE
     assert spills.vector_spills(repaired.mod, ZEN4) < before
     assert reuse_phase.REGISTER_TILES > 0
+
+
+def _unroll_step(mod: tvm.IRModule) -> int:
+    """The auto-unroll depth a postprocessed schedule's kernel carries (0: none)."""
+    import re
+
+    found = re.search(r'"pragma_auto_unroll_max_step": (\d+)', mod.script())
+    return int(found.group(1)) if found else 0
+
+
+@pytest.mark.parametrize("counts,want", [({0: 300, 16: 300, 64: 300, 512: 5}, 512),  # deeper spills least
+                                         ({0: 40, 16: 40, 64: 400, 512: 400}, 16),  # the deepest of the least
+                                         ({0: 300, 16: 300, 64: 300, 512: 250}, None)])  # within the margin
+def test_a_transfer_that_spills_at_its_unroll_depth_is_taken_at_the_deepest_that_spills_least(monkeypatch, counts,
+                                                                                               want):
+    """``Reuse._unroll_fitted`` (``StormConfig.unroll_spills``): a transfer spilling more than the margin
+    above another unroll depth's kernel is replaced by the deepest depth within the margin of the least."""
+    from stormdrop.records import Phase
+    from stormdrop.search.sketches import Sketches
+    from stormdrop.search.space import Candidate, DecisionSpace
+    from stormdrop.workloads import parse_kernel
+
+    mod = parse_kernel("matmul:M=64,N=256,K=64").mod
+    sketches = Sketches(mod, ZEN4, seed=0)
+    space = DecisionSpace(mod, sketches.postprocs, sketches.spaces()[0].trace, 2)
+    unroll = next(k for k, c in enumerate(space.coordinates) if c.kind == "categorical")
+    start = space.apply(space.start[:unroll] + (2,) + space.start[unroll + 1:], phase=Phase.REUSE)  # depth 64
+    assert isinstance(start, Candidate) and _unroll_step(start.mod) == 64
+    monkeypatch.setattr(spills, "vector_spills", lambda m, target: counts[_unroll_step(m)])
+    reuse = Reuse(None, SimpleNamespace(name="matmul"), "llvm", sketches, None, budget=1,
+                  config=replace(StormConfig(), unroll_spills=150))
+    fitted = reuse._unroll_fitted(start)
+    if want is None:
+        assert fitted is start
+    else:
+        assert fitted is not start and _unroll_step(fitted.mod) == want and fitted.phase == Phase.REUSE

@@ -80,7 +80,36 @@ class Reuse:
         if cfg.spill_veto > 0 and self._spilling(picks, exact):  # SPILL_SPARE more to stand in for them
             picks = self._unspilled(chosen_transfers(made(SPILL_SPARE), budget + SPILL_SPARE, rank, whole=in_sketches),
                                     budget, exact)
+        if cfg.unroll_spills > 0:
+            picks = [c if c.key in exact else self._unroll_fitted(c) for c in picks]
         return self._vetted(picks, exact)
+
+    def _unroll_fitted(self, candidate: Candidate) -> Candidate:
+        """``candidate``, or where its kernel spills more than ``StormConfig.unroll_spills`` vector
+        registers more than at another unroll depth, the deepest depth that spills at most that much
+        more than the least: a refitted tile's accumulators can go through memory at the donor's
+        depth and stay in registers at another one (docs/guide.md, "Reuse")."""
+        from stormdrop.search.space import DecisionSpace
+        from stormdrop.target import num_cores
+
+        own, margin = self._spills(candidate), self.config.unroll_spills
+        if own is None or own <= margin:
+            return candidate
+        target = self.sketches.target
+        space = DecisionSpace(self.sketches.mod, self.sketches.postprocs, candidate.sch.trace, num_cores(target))
+        depths = [(0, candidate)]  # (depth relative to the transfer's, candidate)
+        for position in space.unroll_depths(space.start):
+            other = space.apply(position, phase=candidate.phase)
+            if other is not None and self._spills(other) is not None:
+                k = next(i for i, (a, b) in enumerate(zip(position, space.start)) if a != b)
+                depths.append((position[k] - space.start[k], other))
+        least = min(self._spills(c) for _, c in depths)
+        if own <= least + margin:
+            return candidate
+        deepest = max((d for d in depths if self._spills(d[1]) <= least + margin), key=lambda d: d[0])[1]
+        log.debug("reuse: a transfer to %s spills %d at its depth, %d at another: %d taken", self.entry.name, own,
+                  least, self._spills(deepest))
+        return deepest
 
     def _spills(self, candidate: Candidate) -> int | None:
         """``search.spills.vector_spills`` of a candidate, compiled once a task."""

@@ -110,6 +110,10 @@ class StormConfig:
     # search.spills) for the next transfer that does not, from up to SPILL_SPARE more (the spilling
     # ones last, fewest spills first, where none is left). 0: off.
     spill_veto: int = 0
+    # k > 0, on LLVM CPU targets: a transfer whose kernel spills more than k vector registers more than
+    # at another unroll depth is taken at the deepest depth that spills at most k more than the least
+    # (Reuse._unroll_fitted; each checked depth compiled once). 0: off.
+    unroll_spills: int = 0
     # On a CPU a transfer's innermost tile factor above the vector's lane count is a multiple of it,
     # where the new extent allows (search.reuse.nearest_factorization): LLVM turns a vectorized loop
     # of 24 floats on AVX-512 into shuffles and spills. Not the default: on four held-out networks at
