@@ -51,8 +51,8 @@ class RaindropConfig:
     remeasure_incumbent: bool = True
     register_tiles: int = 8  # register-tile jumps measured first (0: none)
     # the incumbent at every other unroll depth measured first too, before the register tiles
-    # (``DecisionSpace.unroll_depths``); off: slower on three of four held-out networks at 128
-    # trials (docs/guide.md, "Register tiles")
+    # (``DecisionSpace.unroll_depths``); off: slower on held-out networks (docs/guide.md,
+    # "Register tiles")
     unroll_jumps: bool = False
     # a model's tasks under a global trial cap: batches no larger than a task's share of the cap
     # (``tuning.budget.raindrop_batch``); off: mixed on held-out networks (RESULTS, "Raindrop batches

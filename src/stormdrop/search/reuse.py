@@ -17,13 +17,12 @@ Blocks are matched by kind, counters and variable numbers left out
 ``search.donors``.
 Tile factorizations that do not fit the new loop extents are mapped to the
 nearest valid factorization (inner levels first: they hold the register tile
-and the vector width), never dropped; the other decisions are kept. On a CPU
-an innermost factor above the vector's lane count must be a multiple of it
-where another divisor fits: that loop is the one vectorized, and LLVM
-legalizes a vector of 18, 24 or 40 floats (AVX-512) into shuffles and stack
-spills; 15 lanes are one register, masked (a 1x1 convolution's 120 channels
-with a 24-wide tile ran 11x slower than with a 15-wide one;
-``StormConfig.whole_vectors``, off by default).
+and the vector width), never dropped; the other decisions are kept. With
+``StormConfig.whole_vectors`` (off by default), on a CPU an innermost factor
+above the vector's lane count must be a multiple of it where another divisor
+fits: that loop is the one vectorized, and LLVM legalizes a vector of 18, 24
+or 40 floats (AVX-512) into shuffles and stack spills, where 15 lanes are one
+register, masked (docs/guide.md, "Reuse").
 A donor's decisions are also moved into each of this workload's sketches (its design
 spaces: with the epilogue computed apart or inside the tiles, a write cache or not): the
 k-th tile size and categorical choice of the sketch take the donor's k-th, refitted. The

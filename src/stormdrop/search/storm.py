@@ -116,8 +116,8 @@ class StormConfig:
     unroll_spills: int = 0
     # On a CPU a transfer's innermost tile factor above the vector's lane count is a multiple of it,
     # where the new extent allows (search.reuse.nearest_factorization): LLVM turns a vectorized loop
-    # of 24 floats on AVX-512 into shuffles and spills. Not the default: on four held-out networks at
-    # 128 trials the models came out 0.5-4% slower in 6 of 8 runs (docs/guide.md "Reuse").
+    # of 24 floats on AVX-512 into shuffles and spills. Not the default: slightly slower models on
+    # held-out networks (docs/guide.md "Reuse").
     whole_vectors: bool = False
     # A small budget's first rounds (a first batch smaller than batch_size) give each task a sample
     # or two, and a task that starts with no donor hands its one schedule on to every later task
