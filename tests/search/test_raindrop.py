@@ -220,9 +220,10 @@ def test_the_unroll_depths_of_a_real_schedule_are_each_other_value_of_its_catego
     assert cats  # MetaSchedule's unroll depth
     depths = space.unroll_depths(space.start)
     assert len(depths) == sum(space.coordinates[k].size - 1 for k in cats)
-    for p in depths:
+    for change, p in depths:
         changed = [k for k in range(len(p)) if p[k] != space.start[k]]
         assert len(changed) == 1 and changed[0] in cats
+        assert change == p[changed[0]] - space.start[changed[0]]
         assert space.apply(p) is not None  # each one a schedule
 
 

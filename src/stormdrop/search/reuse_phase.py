@@ -98,11 +98,10 @@ class Reuse:
         target = self.sketches.target
         space = DecisionSpace(self.sketches.mod, self.sketches.postprocs, candidate.sch.trace, num_cores(target))
         depths = [(0, candidate)]  # (depth relative to the transfer's, candidate)
-        for position in space.unroll_depths(space.start):
+        for change, position in space.unroll_depths(space.start):
             other = space.apply(position, phase=candidate.phase)
             if other is not None and self._spills(other) is not None:
-                k = next(i for i, (a, b) in enumerate(zip(position, space.start)) if a != b)
-                depths.append((position[k] - space.start[k], other))
+                depths.append((change, other))
         least = min(self._spills(c) for _, c in depths)
         if own <= least + margin:
             return candidate
@@ -156,8 +155,7 @@ class Reuse:
         target = self.sketches.target
         space = DecisionSpace(self.sketches.mod, self.sketches.postprocs, candidate.sch.trace, num_cores(target))
         start, lanes = space.start, vector_lanes(target) or 0
-        less_unrolled = [start[:k] + (value,) + start[k + 1:] for k, c in enumerate(space.coordinates)
-                         if c.kind == "categorical" for value in range(start[k] - 1, -1, -1)]
+        less_unrolled = [position for change, position in space.unroll_depths(start) if change < 0]
         tiles = space.register_tiles(start, lanes)[:REGISTER_TILES] if lanes else []
         best = (spills, candidate)
         for position in less_unrolled + tiles:

@@ -200,13 +200,18 @@ class DecisionSpace:
                 out.append(position[:k] + (o,) + position[k + 1:])
         return out
 
-    def unroll_depths(self, position: tuple) -> list[tuple]:
+    def unroll_depths(self, position: tuple) -> list[tuple[int, tuple]]:
         """``position`` at each other value of its categorical decisions (the unroll depth), one
-        decision changed at a time: a jump, where the neighbours step one value. A refitted or
-        transferred tile's accumulators stay in registers at one depth and go through memory at
-        the next (docs/guide.md, "Register tiles")."""
-        return [position[:k] + (v,) + position[k + 1:] for k, c in enumerate(self.coordinates)
-                if c.kind == "categorical" for v in range(c.size) if v != position[k]]
+        decision changed at a time, as (the value's change, the position): for each decision the
+        shallower values first, nearest first, then the deeper ones. A jump, where the neighbours step
+        one value: a refitted or transferred tile's accumulators stay in registers at one depth and
+        go through memory at the next (docs/guide.md, "Register tiles")."""
+        out = []
+        for k, c in enumerate(self.coordinates):
+            if c.kind == "categorical":
+                values = [*range(position[k] - 1, -1, -1), *range(position[k] + 1, c.size)]
+                out += [(v - position[k], position[:k] + (v,) + position[k + 1:]) for v in values]
+        return out
 
     def register_tiles(self, position: tuple, lanes: int, registers: int | None = None) -> list[tuple]:
         """Positions whose innermost spatial tiles form a register-blocked micro-kernel.

@@ -391,7 +391,7 @@ class TaskTuner:
         first = bool(lanes) and not task.stored(Phase.RAINDROP)  # jumps: on CPUs, from a task's first incumbent
         cfg = self.raindrop_config
         jumps = space.register_tiles(space.start, lanes) if first and cfg.register_tiles > 0 else []
-        depths = space.unroll_depths(space.start) if first and cfg.unroll_jumps else []
+        depths = [p for _, p in space.unroll_depths(space.start)] if first and cfg.unroll_jumps else []
         # without a storm the model knows the prior and a few transfers: it ranks as the prior does,
         # and retraining on those few (seconds a task) is left out
         model = self._cost_model()
