@@ -18,7 +18,7 @@ Blocks are matched by kind, counters and variable numbers left out
 Tile factorizations that do not fit the new loop extents are mapped to the
 nearest valid factorization (inner levels first: they hold the register tile
 and the vector width), never dropped; the other decisions are kept. With
-``StormConfig.whole_vectors`` (off by default), on a CPU an innermost factor
+``StormConfig.whole_vectors`` (on by default), on a CPU an innermost factor
 above the vector's lane count must be a multiple of it where another divisor
 fits: that loop is the one vectorized, and LLVM legalizes a vector of 18, 24
 or 40 floats (AVX-512) into shuffles and stack spills, where 15 lanes are one
