@@ -328,6 +328,7 @@ def test_a_refitted_innermost_factor_above_the_lanes_is_whole_vectors():
     assert nearest_factorization([1, 1, 1, 16], 24, 64, lanes=8)[-1] == 24  # AVX2: 24 is three vectors
     assert nearest_factorization([1, 1, 1, 16], 17, 64, lanes=16)[-1] == 17  # else 1: no vector at all
     assert nearest_factorization([4, 1, 1, 12], 62, 64, lanes=16) == [2, 1, 1, 31]  # 2 or 31 rows: as before
+    assert nearest_factorization([4, 1, 1, 28], 112, 64, lanes=16) == [4, 1, 1, 28]  # the extent fits: as stored
 
 
 @pytest.mark.parametrize("whole_vectors,inner", [(True, 12), (False, 18), (None, 12)])
