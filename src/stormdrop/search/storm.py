@@ -117,8 +117,8 @@ class StormConfig:
     # On a CPU a transfer's innermost tile factor above the vector's lane count is a multiple of it,
     # where the new extent allows (search.reuse.nearest_factorization): LLVM turns a vectorized loop
     # of 24 floats on AVX-512 into shuffles and spills, and a task that gets one measurement keeps
-    # such a transfer. The default: much faster models under short time budgets, a little slower
-    # ones under 128-trial caps on held-out networks (docs/guide.md "Reuse").
+    # such a transfer. The default: much faster models under short time budgets, about level ones
+    # under 128-trial caps on held-out networks (docs/guide.md "Reuse").
     whole_vectors: bool = True
     # A small budget's first rounds (a first batch smaller than batch_size) give each task a sample
     # or two, and a task that starts with no donor hands its one schedule on to every later task
