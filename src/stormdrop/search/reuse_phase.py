@@ -89,14 +89,10 @@ class Reuse:
         registers more than at another unroll depth, the deepest depth that spills at most that much
         more than the least: a refitted tile's accumulators can go through memory at the donor's
         depth and stay in registers at another one (docs/guide.md, "Reuse")."""
-        from stormdrop.search.space import DecisionSpace
-        from stormdrop.target import num_cores
-
         own, margin = self._spills(candidate), self.config.unroll_spills
         if own is None or own <= margin:
             return candidate
-        target = self.sketches.target
-        space = DecisionSpace(self.sketches.mod, self.sketches.postprocs, candidate.sch.trace, num_cores(target))
+        space = self._space(candidate)
         depths = [(0, candidate)]  # (depth relative to the transfer's, candidate)
         for change, position in space.unroll_depths(space.start):
             other = space.apply(position, phase=candidate.phase)
@@ -109,6 +105,15 @@ class Reuse:
         log.debug("reuse: a transfer to %s spills %d at its depth, %d at another: %d taken", self.entry.name, own,
                   least, self._spills(deepest))
         return deepest
+
+    def _space(self, candidate: Candidate):
+        """The decision space around ``candidate`` (its trace's decisions the start), to step its
+        unroll depths and register tiles in."""
+        from stormdrop.search.space import DecisionSpace
+        from stormdrop.target import num_cores
+
+        return DecisionSpace(self.sketches.mod, self.sketches.postprocs, candidate.sch.trace,
+                             num_cores(self.sketches.target))
 
     def _spills(self, candidate: Candidate) -> int | None:
         """``search.spills.vector_spills`` of a candidate, compiled once a task."""
@@ -149,12 +154,10 @@ class Reuse:
         then with its innermost tiles made a register-blocked micro-kernel (``DecisionSpace.register_tiles``,
         the first ``REGISTER_TILES``), until its kernel spills no more than ``StormConfig.spill_veto``:
         the one of those that spills least (``candidate`` itself where none spills less)."""
-        from stormdrop.search.space import DecisionSpace
-        from stormdrop.target import num_cores, vector_lanes
+        from stormdrop.target import vector_lanes
 
-        target = self.sketches.target
-        space = DecisionSpace(self.sketches.mod, self.sketches.postprocs, candidate.sch.trace, num_cores(target))
-        start, lanes = space.start, vector_lanes(target) or 0
+        space = self._space(candidate)
+        start, lanes = space.start, vector_lanes(self.sketches.target) or 0
         less_unrolled = [position for change, position in space.unroll_depths(start) if change < 0]
         tiles = space.register_tiles(start, lanes)[:REGISTER_TILES] if lanes else []
         best = (spills, candidate)
