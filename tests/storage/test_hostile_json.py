@@ -265,5 +265,6 @@ def test_a_trace_whose_index_map_would_crash_tvm_is_refused(how) -> None:
     check_trace_json(trace)
     (inst,) = [i for i in trace[0] if i[0] == "TransformLayout"]
     inst[1][1] = _crafted(json.loads(inst[1][1]), how)
-    with pytest.raises(ValueError, match="TransformLayout"):
-        check_trace_json(trace)
+    for _ in range(2):  # a graph that passed is remembered (a hub's index maps repeat), a refused one is not
+        with pytest.raises(ValueError, match="TransformLayout"):
+            check_trace_json(trace)

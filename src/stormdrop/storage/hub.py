@@ -186,6 +186,7 @@ class HubDatabase(Database):
         try:
             self._index()
             super().__init__(os.path.join(self._dir, "hub.db"))
+            self._c().execute("PRAGMA synchronous=OFF")  # a scratch copy, removed at close: no commit waits on the disk
         except BaseException:
             shutil.rmtree(self._dir, ignore_errors=True)
             raise
@@ -231,9 +232,10 @@ class HubDatabase(Database):
 
     def _decode_pending(self, shash: str | None = None) -> None:
         keys = list(self._pending) if shash is None else [shash]
-        for key in keys:
-            for lineno, wl in self._pending.pop(key, []):
-                self._decode(lineno, wl)
+        with self.transaction():  # one commit for them all
+            for key in keys:
+                for lineno, wl in self._pending.pop(key, []):
+                    self._decode(lineno, wl)
 
     def find_workload(self, mod: tvm.IRModule) -> WorkloadEntry | None:
         if self._pending:
@@ -246,8 +248,9 @@ class HubDatabase(Database):
         if keep is None:
             self._decode_pending()
         else:
-            for shash in [k for k, lines in self._pending.items() if any(keep(wl["op_class"]) for _, wl in lines)]:
-                self._decode_pending(shash)
+            with self.transaction():
+                for shash in [k for k, lines in self._pending.items() if any(keep(wl["op_class"]) for _, wl in lines)]:
+                    self._decode_pending(shash)
         return super().workloads(keep)
 
     def modules_of_class(self, word: str) -> list[tvm.IRModule]:

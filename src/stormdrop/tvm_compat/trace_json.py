@@ -109,21 +109,22 @@ def check_trace_json(obj: Any) -> None:
         if not (isinstance(inst, list) and len(inst) == 4 and isinstance(inst[0], str)
                 and all(isinstance(part, list) for part in inst[1:])):
             raise ValueError(f"instruction {i} is not [kind, inputs, attributes, outputs]")
-        for x in _leaves(inst[1]):
-            if isinstance(x, str) and _RV_NAME.fullmatch(x) and x not in defined:
+        inputs, attrs = _leaves(inst[1]), _leaves(inst[2])
+        for x in inputs:
+            if isinstance(x, str) and x not in defined and _RV_NAME.fullmatch(x):
                 raise ValueError(f"instruction {i} uses {x}, which no earlier instruction defines")
-        k = _null_at(inst[1], range(1, len(inst[1])) if inst[0] in _NULLABLE_INPUTS else ())
+        k = _null_at(inst[1], range(1, len(inst[1])) if inst[0] in _NULLABLE_INPUTS else ()) if None in inputs else None
         if k is not None:
             raise ValueError(f"instruction {i} ({inst[0]}) has a null input {k}")
         if not all(isinstance(o, str) and _RV_NAME.fullmatch(o) for o in inst[3]):
             raise ValueError(f"instruction {i} has outputs that are not random-variable names")
-        k = _null_at(inst[2], {at for kind, at in _NULLABLE_ATTRS if kind == inst[0]})
+        k = _null_at(inst[2], {at for kind, at in _NULLABLE_ATTRS if kind == inst[0]}) if None in attrs else None
         if k is not None:
             raise ValueError(f"instruction {i} ({inst[0]}) has a null attribute {k}")
-        for x in _leaves(inst[1]) + _leaves(inst[2]):
+        for x in inputs + attrs:
             if isinstance(x, str) and x.lstrip()[:1] in ("{", "["):  # JSON TVM decodes: an index map's graph
                 try:
-                    check_object_graph(x)
+                    _checked_once(x)
                 except ValueError as e:
                     raise ValueError(f"instruction {i} ({inst[0]}) holds an object TVM cannot decode: {e}") from None
         defined.update(inst[3])
@@ -214,6 +215,19 @@ def check_object_graph(text: str) -> int:
     return _graph_depth(_parsed_graph(text))
 
 
+_CHECKED: dict[str, int] = {}  # graphs in traces that passed check_object_graph: a hub's index maps repeat
+
+
+def _checked_once(text: str) -> int:
+    """``check_object_graph(text)``, remembered for a text that passes (a few thousand at most)."""
+    if text not in _CHECKED:
+        depth = check_object_graph(text)
+        if len(_CHECKED) >= 1 << 12:
+            _CHECKED.clear()
+        _CHECKED[text] = depth
+    return _CHECKED[text]
+
+
 def _checked_graph(text: str) -> dict:
     """The object graph of ``text``, parsed, once ``check_object_graph`` passes it."""
     graph = _parsed_graph(text)
@@ -237,39 +251,59 @@ def _parsed_graph(text: str) -> dict:
 def _graph_depth(graph: dict) -> int:
     """``check_object_graph`` of a parsed graph (``_parsed_graph``)."""
     nodes = graph["nodes"]
-    known: dict[str, Any] = {}
     depth = [0] * len(nodes)
-
-    def refs(i: int, node: Any) -> list[Any]:
-        if not (isinstance(node, dict) and isinstance(node.get("type"), str)):
-            raise ValueError(f"node {i} is not {{'type': ..., 'data': ...}}")
-        kind, data = node["type"], node.get("data")
-        flat = data if isinstance(data, list) else list(data.values()) if isinstance(data, dict) else [data]
-        if any(isinstance(x, (list, dict)) for x in flat):
-            raise ValueError(f"node {i} ({kind}) has nested data")
-        if kind in _SEQUENCES:
-            if not isinstance(data, list):
-                raise ValueError(f"node {i} ({kind}) data is not a list of node indices")
-            return data
-        if kind in _SCALARS:
-            return []
-        if kind not in known:
-            known[kind] = _reference_fields(kind)
-        if known[kind] is None:
-            raise ValueError(f"node {i} has an unknown type {kind[:60]!r}")
-        own, fields = known[kind]
-        if own or not isinstance(data, dict):
-            return []
-        return [v for name, v in data.items() if fields.get(name, True) and v is not None]
-
     for i, node in enumerate(nodes):
-        for j in refs(i, node):
-            if not (isinstance(j, int) and not isinstance(j, bool) and 0 <= j < i):
-                raise ValueError(f"node {i} refers to {j!r}: not an earlier node")
-            depth[i] = max(depth[i], depth[j] + 1)
-        if depth[i] > MAX_GRAPH_DEPTH:
-            raise ValueError(f"node {i} is {depth[i]} references deep (at most {MAX_GRAPH_DEPTH})")
+        refs = _refs(i, node)
+        if refs:
+            deepest = 0
+            for j in refs:
+                if type(j) is not int or not 0 <= j < i:  # bool is no node index either
+                    raise ValueError(f"node {i} refers to {j!r}: not an earlier node")
+                if depth[j] > deepest:
+                    deepest = depth[j]
+            depth[i] = deepest + 1
+            if deepest >= MAX_GRAPH_DEPTH:
+                raise ValueError(f"node {i} is {deepest + 1} references deep (at most {MAX_GRAPH_DEPTH})")
     return max(depth, default=0)
+
+
+_NESTED = (list, dict)
+
+
+def _refs(i: int, node: Any) -> list[Any]:
+    """The node indices that node ``i`` of a graph refers to; ``ValueError`` for a node that is not
+    ``{'type': ..., 'data': ...}`` with flat data, or of a type tvm-ffi does not know."""
+    if type(node) is not dict or type(node.get("type")) is not str:
+        raise ValueError(f"node {i} is not {{'type': ..., 'data': ...}}")
+    kind, data = node["type"], node.get("data")
+    flat = data if type(data) is list else data.values() if type(data) is dict else (data,)
+    for x in flat:
+        if isinstance(x, _NESTED):
+            raise ValueError(f"node {i} ({kind}) has nested data")
+    if kind in _SEQUENCES:
+        if type(data) is not list:
+            raise ValueError(f"node {i} ({kind}) data is not a list of node indices")
+        return data
+    if kind in _SCALARS:
+        return []
+    known = _fields_of(kind)
+    if known is None:
+        raise ValueError(f"node {i} has an unknown type {kind[:60]!r}")
+    own, fields = known
+    if own or type(data) is not dict:
+        return []
+    return [v for name, v in data.items() if v is not None and fields.get(name, True)]
+
+
+_FIELDS: dict[str, tuple[bool, dict[str, bool]] | None] = {}  # type key -> _reference_fields, once a process
+
+
+def _fields_of(kind: str) -> tuple[bool, dict[str, bool]] | None:
+    if kind not in _FIELDS:
+        if len(_FIELDS) >= 1 << 12:  # type keys come from files: a hostile one may name many
+            _FIELDS.clear()
+        _FIELDS[kind] = _reference_fields(kind)
+    return _FIELDS[kind]
 
 
 def check_workload_json(obj: Any) -> None:
