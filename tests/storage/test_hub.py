@@ -25,6 +25,7 @@ from stormdrop.storage.database import Database, canonical_target
 from stormdrop.storage.identity import same_workload
 from stormdrop.tuning.kernel_tune import tune_kernel
 from stormdrop.tuning.options import KernelOptions
+from stormdrop.workloads import parameter_shapes
 
 AVX512 = canonical_target(Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}))
 ZEN4 = canonical_target(Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 8}))
@@ -204,10 +205,12 @@ def _spoil(lines, what):
         del wl["records"][0]["run_secs"]
     elif what == "type":
         wl["shash"] = 7
+    elif what == "shapes":
+        wl["shapes"] = [[128, "128"]]
     return [head, wl]
 
 
-@pytest.mark.parametrize("what", ["format", "time", "missing", "not gzip", "type"])
+@pytest.mark.parametrize("what", ["format", "time", "missing", "not gzip", "type", "shapes"])
 def test_a_malformed_hub_is_one_error_and_leaves_nothing(tmp_path, source_db, what):
     path, _, _ = source_db
     good = tmp_path / "good.jsonl.gz"
@@ -307,8 +310,11 @@ def test_every_shipped_hub_is_read_for_its_class_and_its_workloads_decode(isa, t
     assert about.isa == isa and about.workloads > 0 and about.records >= about.workloads
     donor = hub.open_hub(t, str(path))
     try:
+        lines = donor.listed(lambda _c: True)  # every line gives its shapes: a lookup ranks before it decodes
+        assert len(lines) == about.workloads and all(isinstance(line, hub.HubLine) for line in lines)
         entries = donor.workloads()
         assert len(entries) == about.workloads and all(e.mod is not None for e in entries)
+        assert [parameter_shapes(e.mod) for e in entries] == [line.shapes for line in lines]
     finally:
         donor.close()
 
@@ -331,6 +337,39 @@ def test_a_hub_decodes_only_the_workloads_of_the_classes_asked_for(tmp_path, mod
         assert sorted(w.name for w in h.workloads()) == ["matmul_128", "matmul_64"]
         assert not h._pending
 
+
+
+def test_a_lookup_ranks_a_hubs_workloads_by_their_lines_and_decodes_the_donors_it_reaches(tmp_path, traces):
+    """Reuse's donors from a hub whose lines give their shapes: the same donors in the same order as
+    from the same hub without them (every related workload decoded to be ranked), and only the
+    donors the lookup reached decoded."""
+    from stormdrop.search.donors import donors
+
+    sizes = (32, 64, 96, 128, 256)
+    with Database(tmp_path / "five.db") as db:
+        for n in sizes:
+            m = matmul_mod(n)
+            wid = db.commit_workload(m, name=f"matmul_{n}", op_class="matmul", flops=2 * n**3).workload_id
+            db.commit_record(make_record(wid, m, traces[0], MeasureResult(run_secs=(1e-4, 1e-4))))
+        with db.transaction():
+            db._c().execute("UPDATE records SET target=?", (AVX512,))
+    with Database(tmp_path / "five.db", read_only=True) as db:
+        hub.write_hub(db, tmp_path / "five.jsonl.gz", "x86-avx512")
+    lines = _hub_lines(tmp_path / "five.jsonl.gz")
+    assert all(line["shapes"] for line in lines[1:])
+    _write_lines(tmp_path / "old.jsonl.gz", [lines[0]] + [{k: v for k, v in line.items() if k != "shapes"}
+                                                           for line in lines[1:]])
+    with Database(tmp_path / "run.db") as db:
+        entry = db.commit_workload(matmul_mod(112), name="matmul_112", op_class="matmul", flops=2 * 112**3)
+        found = {}
+        for name in ("five", "old"):
+            with hub.HubDatabase(tmp_path / f"{name}.jsonl.gz", AVX512) as h:
+                got = donors(db, entry, AVX512, [h], exact_sources=False)
+                found[name] = [next(got)[0].name, next(got)[0].name]
+                found[name + " decoded"] = sorted(w.name for w in Database.workloads(h))
+    assert found["five"] == found["old"] == ["matmul_128", "matmul_96"]
+    assert found["five decoded"] == ["matmul_128", "matmul_96"]
+    assert len(found["old decoded"]) == len(sizes)
 
 
 # The README's quick start "starts from the shipped schedule hub, which holds its kernels": every task

@@ -20,6 +20,8 @@ import tvm
 import tvm_ffi
 
 from stormdrop.storage.database import Database, WorkloadEntry
+from stormdrop.storage.hub import HubDatabase, HubLine
+from stormdrop.workloads import parameter_shapes
 
 # TOPI's elementwise blocks (add, multiply, ReLU as compute, a fast sigmoid as T_fast_exp + sigmoid, ...)
 _EPILOGUE = re.compile(r"^(T_[a-z_]+|compute|sigmoid|tanh|erf)$")
@@ -82,7 +84,8 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, others: Sequence
     ``others``: more databases to draw donors from (``--reuse-from``, read only); there the same
     workload counts too (tuned for another model, say), and comes first. A source whose
     ``exact_only`` is true (the schedule hub) gives the same workload only where ``exact_sources``
-    (else its related workloads too, like any other source: only those are decoded).
+    (else its related workloads too, like any other source: ranked by the shapes its lines give, and
+    decoded only when reached, ``HubDatabase.listed``).
 
     ``fastest_of`` = k > 1: of the nearest k donors that are not this very workload, the fastest
     (FLOPs over its best record's mean) whose shapes are within ``FASTEST_WITHIN`` of the nearest's
@@ -94,17 +97,22 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, others: Sequence
     """
     if order not in ("class", "shape"):
         raise ValueError(f"donor order {order!r}: 'class' or 'shape'")
-    mine = _arg_shapes(entry.mod)  # once, not once a donor
+    mine = parameter_shapes(entry.mod)  # once, not once a donor
     found = []
     for source in (db, *others):
         exact_only = source.exact_only and exact_sources  # looked up, not listed: a hub decodes what is asked
         hit = source.find_workload(entry.mod) if exact_only else None
+        keep = functools.partial(_related_to, entry.op_class)
         candidates = ([hit] if hit is not None else []) if exact_only else \
-            source.workloads(lambda c: related(c, entry.op_class) is not None)
+            source.listed(keep) if isinstance(source, HubDatabase) else source.workloads(keep)
         for other in candidates:
             rank = related(other.op_class, entry.op_class)
             if rank is None:
                 continue
+            if isinstance(other, HubLine) and other.shash == entry.shash:  # maybe this very workload: decoded
+                other = source.reached(other)
+                if other is None:
+                    continue
             same = other.shash == entry.shash and tvm_ffi.structural_equal(other.mod, entry.mod)
             if (same and source is db) or (not same and exact_only):
                 continue
@@ -117,6 +125,10 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, others: Sequence
     found.sort(key=key)
     head: list[tuple[float, float, WorkloadEntry, list]] = []  # the nearest fastest_of: (distance, FLOPs/s, ...)
     for source, other, (elsewhere, _), near in found:
+        if isinstance(other, HubLine):  # a hub's workload ranked by its line: decoded when reached
+            other = source.reached(other)
+            if other is None:
+                continue
         best = source.best(other.workload_id, target_key, k=per_donor)
         if not best:
             continue
@@ -130,7 +142,11 @@ def donors(db: Database, entry: WorkloadEntry, target_key: str, others: Sequence
         yield from _fastest_first(head)
 
 
-def _nearness(other: WorkloadEntry, entry: WorkloadEntry, mine: list[tuple[int, ...]] | None) -> tuple[float, float]:
+def _related_to(op_class: str, other: str) -> bool:
+    return related(other, op_class) is not None
+
+
+def _nearness(other: WorkloadEntry | HubLine, entry: WorkloadEntry, mine: list[tuple[int, ...]] | None) -> tuple[float, float]:
     """How near a donor is to ``entry`` (whose parameter shapes are ``mine``): their shape distance,
     then the |log| ratio of their FLOPs."""
     return (_distance(_entry_shapes(other), mine),
@@ -159,11 +175,14 @@ _SHAPES: dict[str, list[tuple[int, ...]] | None] = {}  # structural hash -> para
 
 
 def _entry_shapes(entry: WorkloadEntry) -> list[tuple[int, ...]] | None:
-    """``_arg_shapes`` of a stored workload, read once a run: every task of its class asks for it."""
+    """``parameter_shapes`` of a stored workload, read once a run: every task of its class asks for it;
+    a hub's line not decoded yet (``HubLine``) gives them itself."""
+    if isinstance(entry, HubLine):
+        return entry.shapes
     if entry.shash not in _SHAPES:
         if len(_SHAPES) >= 1 << 14:
             _SHAPES.clear()
-        _SHAPES[entry.shash] = _arg_shapes(entry.mod)
+        _SHAPES[entry.shash] = parameter_shapes(entry.mod)
     return _SHAPES[entry.shash]
 
 
@@ -171,21 +190,11 @@ def shape_distance(a: tvm.IRModule, b: tvm.IRModule) -> float:
     """How far apart two kernels' shapes are: the summed |log| ratios of their parameters' dims,
     inputs in order and the outputs (a fused residual operand more in one of them left out; inf
     when the compared parameters differ in rank)."""
-    return _distance(_arg_shapes(a), _arg_shapes(b))
-
-
-def _arg_shapes(mod: tvm.IRModule) -> list[tuple[int, ...]] | None:
-    """The shapes of a kernel's parameters, in order (``kernel_args``); None where one is symbolic."""
-    from stormdrop.workloads import kernel_args
-
-    try:
-        return [shape for _, shape, _ in kernel_args(mod)]
-    except (TypeError, ValueError):  # a symbolic dimension
-        return None
+    return _distance(parameter_shapes(a), parameter_shapes(b))
 
 
 def _distance(sa: list[tuple[int, ...]] | None, sb: list[tuple[int, ...]] | None) -> float:
-    """``shape_distance`` of two kernels' parameter shapes (``_arg_shapes``)."""
+    """``shape_distance`` of two kernels' parameter shapes (``parameter_shapes``)."""
     if not sa or not sb:
         return math.inf
     n = min(len(sa), len(sb))

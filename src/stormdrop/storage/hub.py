@@ -6,7 +6,9 @@ the networks it was built from: a new user of those does not start from nothing)
 A hub file is gzip-compressed JSON lines: a header object (``stormdrop_hub``: the format
 version, ``isa``, ``tvm``, ``built_at``, ``machines``: the targets its records were measured
 on, ``models``: the models tuned into the database it was written from), then one object a workload (its name, reuse class, FLOPs, structural hash, module as TVM
-JSON, and its best few records: trace, argument info, run seconds, the target measured on).
+JSON, its parameters' shapes, and its best few records: trace, argument info, run seconds, the
+target measured on). The shapes let reuse rank a hub's workloads as donors before it decodes
+any (``HubDatabase.listed``): a lookup decodes the donors it reaches, not every workload of a class.
 
 Contracts:
 - A hub is never written by a tune: it is opened as a temporary read-only donor database whose
@@ -122,6 +124,27 @@ class HubInfo:
     classes: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class HubLine:
+    """A hub workload not decoded yet, as a donor search ranks it: its line's name, reuse class,
+    FLOPs, structural hash and parameter shapes (``HubDatabase.reached`` decodes it)."""
+
+    lineno: int
+    name: str
+    op_class: str
+    flops: int
+    shash: str
+    shapes: list[tuple[int, ...]]
+
+
+def _shapes_field(value: Any) -> list[tuple[int, ...]]:
+    """A line's ``shapes``, checked: a list of lists of non-negative integers."""
+    if not (isinstance(value, list) and all(isinstance(s, list) and all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in s) for s in value)):
+        raise TypeError("shapes must be lists of non-negative integers")
+    return [tuple(s) for s in value]
+
+
 def _lines(path: Path) -> Iterable[tuple[int, dict]]:
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:
@@ -182,6 +205,8 @@ class HubDatabase(Database):
         self.source = Path(path)
         self._target_key = target_key
         self._pending: dict[str, list[tuple[int, dict]]] = {}  # structural hash -> lines not decoded yet
+        self._known: list[HubLine | None] = []  # each line with shapes, in file order (None: without them)
+        self._ids: dict[int, int | None] = {}  # line number -> its workload id once decoded (None: left out)
         self._dir = tempfile.mkdtemp(prefix="stormdrop-hub-")
         try:
             self._index()
@@ -205,9 +230,12 @@ class HubDatabase(Database):
                         raise TypeError("a record's trace and args_info must be strings")
                     checked_run_secs(rec["run_secs"])
                     float(rec.get("measured_at", 0.0))
+                shapes = _shapes_field(wl["shapes"]) if wl.get("shapes") is not None else None
             except (KeyError, TypeError, ValueError, AttributeError) as e:
                 raise DatabaseError(f"hub {self.source} line {lineno}: malformed: {one_line(e)}") from None
             self._pending.setdefault(wl["shash"], []).append((lineno, wl))
+            self._known.append(None if shapes is None else HubLine(lineno, wl["name"], wl["op_class"], int(wl["flops"]),
+                                                                   wl["shash"], shapes))
 
     def _decode(self, lineno: int, wl: dict) -> None:
         try:
@@ -219,9 +247,10 @@ class HubDatabase(Database):
         except (ValueError, TypeError, RecursionError) as e:
             log.warning("hub %s line %d (%s): left out, malformed: %s", self.source, lineno, wl["name"][:60],
                         one_line(e))
+            self._ids[lineno] = None
             return
         with self.transaction():
-            wid = super().commit_workload(mod, name=wl["name"], op_class=wl["op_class"], flops=int(wl["flops"]),
+            wid = self._ids[lineno] = super().commit_workload(mod, name=wl["name"], op_class=wl["op_class"], flops=int(wl["flops"]),
                                           mod_json=wl["mod"]).workload_id
             for rec in records:
                 self.commit_record(Record(
@@ -252,6 +281,34 @@ class HubDatabase(Database):
                 for shash in [k for k, lines in self._pending.items() if any(keep(wl["op_class"]) for _, wl in lines)]:
                     self._decode_pending(shash)
         return super().workloads(keep)
+
+    def listed(self, keep: Callable[[str], bool]) -> list[WorkloadEntry | HubLine]:
+        """The workloads of the op classes ``keep`` accepts, in file order, as a donor search ranks
+        them: those decoded already as entries, the others as their lines (``HubLine``) where the
+        line gives their shapes, decoded now where it does not (a hub written before shapes were)."""
+        kept = [k for k, line in enumerate(self._known) if line is None or keep(line.op_class)]
+        if any(self._known[k] is None for k in kept):
+            self.workloads(keep)  # those without shapes: decoded, as a listing did before
+        entries = {e.workload_id: e for e in Database.workloads(self, keep)}
+        out: list[WorkloadEntry | HubLine] = []
+        for k in kept:
+            line = self._known[k]
+            if line is None:
+                continue
+            wid = self._ids.get(line.lineno, -1)
+            if wid == -1:
+                out.append(line)
+            elif wid is not None and wid in entries:
+                out.append(entries.pop(wid))
+        return out + list(entries.values())  # lines without shapes, decoded above
+
+    def reached(self, line: HubLine) -> WorkloadEntry | None:
+        """The workload of ``line``, decoded (with the other lines of its structural hash) if it was
+        not; None when its module or a trace failed the check (left out, with a warning)."""
+        if line.lineno not in self._ids:
+            self._decode_pending(line.shash)
+        wid = self._ids.get(line.lineno)
+        return None if wid is None else self.workload(wid)
 
     def modules_of_class(self, word: str) -> list[tvm.IRModule]:
         """As ``Database.modules_of_class``, the lines not yet decoded read for their module alone (a
@@ -294,6 +351,14 @@ def _noted(db: Database, isa: str, models: Collection[str] | None) -> tuple[set[
     return set(notes), {int(t["workload_id"]) for note in notes.values() for t in note.get("tasks", [])}
 
 
+def _shapes_of(mod: tvm.IRModule) -> list[list[int]] | None:
+    """A line's ``shapes``: the kernel's parameter shapes (``parameter_shapes``), None where symbolic."""
+    from stormdrop.workloads import parameter_shapes
+
+    shapes = parameter_shapes(mod)
+    return None if shapes is None else [list(s) for s in shapes]
+
+
 def write_hub(db: Database | Sequence[Database], path: str | os.PathLike, isa: str, *,
               per_workload: int = PER_WORKLOAD, models: Collection[str] | None = None,
               base: str | os.PathLike | None = None) -> HubInfo:
@@ -331,13 +396,16 @@ def write_hub(db: Database | Sequence[Database], path: str | os.PathLike, isa: s
                     continue
                 machines.add(target_key)
                 rows.append({"name": wl.name, "op_class": wl.op_class, "flops": wl.flops, "shash": wl.shash,
-                             "mod": tvm.ir.save_json(wl.mod), "measured_on": target_key,
+                             "mod": tvm.ir.save_json(wl.mod), "shapes": _shapes_of(wl.mod),
+                             "measured_on": target_key,
                              "records": [{"trace": r.trace_json, "args_info": r.args_info_json,
                                           "run_secs": list(r.result.run_secs or ()), "measured_at": r.measured_at}
                                          for r in best]})
     merged: dict[str, list[tuple[Any, dict]]] = {}  # structural hash -> (module, row) of each workload
     for row in rows:  # one entry a workload (``same_workload``: as a database keys it), the fastest best wins
         mod = load_object_json(row["mod"])
+        if row.get("shapes") is None:  # a base hub written before lines gave them
+            row["shapes"] = _shapes_of(mod)
         same = merged.setdefault(row["shash"], [])
         k = next((k for k, (other, _) in enumerate(same) if same_workload(other, mod)), None)
         if k is None:

@@ -7,7 +7,8 @@ from stormdrop.workloads.kernels import (
     builtin_operators,
     estimate_flops,
     kernel_args,
+    parameter_shapes,
     parse_kernel,
 )
 
-__all__ = ["Kernel", "builtin_operators", "estimate_flops", "kernel_args", "parse_kernel"]
+__all__ = ["Kernel", "builtin_operators", "estimate_flops", "kernel_args", "parameter_shapes", "parse_kernel"]

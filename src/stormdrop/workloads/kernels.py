@@ -66,6 +66,14 @@ def kernel_args(mod: tvm.IRModule) -> list[tuple[str, tuple[int, ...], str]]:
     return [(str(p.name), tuple(int(d) for d in p.shape), str(p.dtype)) for p in mod["main"].params]
 
 
+def parameter_shapes(mod: tvm.IRModule) -> list[tuple[int, ...]] | None:
+    """The shapes of ``mod["main"]``'s parameters, in order (``kernel_args``); None where one is symbolic."""
+    try:
+        return [shape for _, shape, _ in kernel_args(mod)]
+    except (TypeError, ValueError):  # a symbolic dimension
+        return None
+
+
 def parse_kernel(spec: str) -> Kernel:
     """Parse a kernel spec into a :class:`Kernel`; ``SpecError`` (one line) if malformed."""
     if not isinstance(spec, str):
