@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 
 from stormdrop import Lowering, ModelOptions, SearchOptions, load_model, open_database, tune_model
-from stormdrop.storage.hub import SHIPPED_DIR, SUFFIX, isa_class, write_hub
+from stormdrop.storage.hub import SHIPPED_DIR, SUFFIX, isa_class
+from stormdrop.storage.hub_writer import write_hub
 from stormdrop.target import describe, host_target
 
 

@@ -109,7 +109,8 @@ def test_a_small_trial_cap_keeps_winograd_where_the_hub_holds_its_kernels(tmp_pa
     them). The hub's build tunes them under that cap too, its lowering kept as given
     (``lowering_for_budget=False``, ``tools/build_hub.py``'s ``+winograd``)."""
     from stormdrop.search.options import SearchOptions
-    from stormdrop.storage.hub import isa_class, write_hub
+    from stormdrop.storage.hub import isa_class
+    from stormdrop.storage.hub_writer import write_hub
 
     path = conv48(tmp_path)
     tuned = tune_model(path, ModelOptions(trials=6, seed=0, lowering_for_budget=False,

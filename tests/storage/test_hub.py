@@ -22,6 +22,7 @@ from stormdrop.search.options import SearchOptions
 from stormdrop.search.storm import StormConfig
 from stormdrop.storage import hub
 from stormdrop.storage.database import Database, canonical_target
+from stormdrop.storage.hub_writer import write_hub
 from stormdrop.storage.identity import same_workload
 from stormdrop.tuning.kernel_tune import tune_kernel
 from stormdrop.tuning.options import KernelOptions
@@ -89,13 +90,13 @@ def test_a_hub_is_written_from_a_database_and_read_back_as_a_donor_of_the_runs_t
     path, wid, stored = source_db
     out = tmp_path / "hub" / "x86-avx512.jsonl.gz"
     with Database(path, read_only=True) as db:
-        got = hub.write_hub(db, out, "x86-avx512", per_workload=2)
+        got = write_hub(db, out, "x86-avx512", per_workload=2)
     assert (got.isa, got.workloads, got.records, got.machines, got.models) == ("x86-avx512", 1, 2, (AVX512,),
                                                                                ("net512",))
     with Database(path, read_only=True) as db:  # nothing for another ISA class
-        assert hub.write_hub(db, tmp_path / "avx2.jsonl.gz", "x86-avx2").workloads == 0
+        assert write_hub(db, tmp_path / "avx2.jsonl.gz", "x86-avx2").workloads == 0
     with Database(path, read_only=True) as db, Database(path, read_only=True) as again:  # from several: once each
-        twice = hub.write_hub([db, again], tmp_path / "twice.jsonl.gz", "x86-avx512", per_workload=2)
+        twice = write_hub([db, again], tmp_path / "twice.jsonl.gz", "x86-avx512", per_workload=2)
     assert (twice.workloads, twice.records, twice.models) == (1, 2, ("net512",))
     before = _digest(out)
     donor = hub.HubDatabase(out, ZEN4)
@@ -134,15 +135,15 @@ def test_a_hub_grows_from_its_own_file_without_its_earlier_build_databases(tmp_p
     path, _, _ = source_db
     first = tmp_path / "first.jsonl.gz"
     with Database(path, read_only=True) as db:
-        hub.write_hub(db, first, "x86-avx512", per_workload=1)
+        write_hub(db, first, "x86-avx512", per_workload=1)
     with Database(tmp_path / "empty.db") as empty:  # a new build database that holds other workloads only
-        grown = hub.write_hub(empty, tmp_path / "grown.jsonl.gz", "x86-avx512", base=first)
+        grown = write_hub(empty, tmp_path / "grown.jsonl.gz", "x86-avx512", base=first)
         assert (grown.workloads, grown.records, grown.machines, grown.models) == (1, 1, (AVX512,), ("net512",))
-        assert hub.write_hub(empty, tmp_path / "alone.jsonl.gz", "x86-avx512").workloads == 0  # no base: none
+        assert write_hub(empty, tmp_path / "alone.jsonl.gz", "x86-avx512").workloads == 0  # no base: none
         with pytest.raises(DatabaseError, match="x86-avx512, not x86-avx2"):
-            hub.write_hub(empty, tmp_path / "avx2.jsonl.gz", "x86-avx2", base=first)
+            write_hub(empty, tmp_path / "avx2.jsonl.gz", "x86-avx2", base=first)
     with Database(path, read_only=True) as db:  # the same workload in the base and a database: once
-        both = hub.write_hub(db, tmp_path / "both.jsonl.gz", "x86-avx512", per_workload=2, base=first)
+        both = write_hub(db, tmp_path / "both.jsonl.gz", "x86-avx512", per_workload=2, base=first)
     assert both.workloads == 1
     assert _hub_lines(tmp_path / "grown.jsonl.gz")[1:] == _hub_lines(first)[1:]  # kept as written there
 
@@ -154,7 +155,7 @@ def test_a_workload_written_twice_under_other_variable_names_is_one_workload_the
     path, _, _ = source_db
     first = tmp_path / "first.jsonl.gz"
     with Database(path, read_only=True) as db:
-        hub.write_hub(db, first, "x86-avx512", per_workload=1)
+        write_hub(db, first, "x86-avx512", per_workload=1)
     head, row = _hub_lines(first)
     renamed = json.loads(json.dumps(row))
     renamed["mod"] = row["mod"].replace('"data":"A"', '"data":"X"')
@@ -163,7 +164,7 @@ def test_a_workload_written_twice_under_other_variable_names_is_one_workload_the
     twice = tmp_path / "twice.jsonl.gz"
     _write_lines(twice, [head, renamed, row])
     with Database(tmp_path / "empty.db") as empty:
-        merged = hub.write_hub(empty, tmp_path / "merged.jsonl.gz", "x86-avx512", base=twice)
+        merged = write_hub(empty, tmp_path / "merged.jsonl.gz", "x86-avx512", base=twice)
     assert merged.workloads == 1
     assert [x["mod"] for x in _hub_lines(tmp_path / "merged.jsonl.gz")[1:]] == [row["mod"]]
 
@@ -171,13 +172,13 @@ def test_a_workload_written_twice_under_other_variable_names_is_one_workload_the
 def test_a_hub_written_for_some_models_holds_their_tasks_only(tmp_path, source_db):
     path, wid, _ = source_db
     with Database(path, read_only=True) as db:  # net512's note names no task
-        got = hub.write_hub(db, tmp_path / "none.jsonl.gz", "x86-avx512", models={"net512"})
+        got = write_hub(db, tmp_path / "none.jsonl.gz", "x86-avx512", models={"net512"})
     assert (got.workloads, got.models) == (0, ("net512",))
     with Database(path) as db:
         db.note_model("net512", {"target": AVX512, "tasks": [{"workload_id": wid, "name": "mm", "weight": 1}]})
-        got = hub.write_hub(db, tmp_path / "one.jsonl.gz", "x86-avx512", models={"net512", "not tuned"})
+        got = write_hub(db, tmp_path / "one.jsonl.gz", "x86-avx512", models={"net512", "not tuned"})
         assert (got.workloads, got.models) == (1, ("net512",))
-        assert hub.write_hub(db, tmp_path / "other.jsonl.gz", "x86-avx512", models={"net2"}).workloads == 0
+        assert write_hub(db, tmp_path / "other.jsonl.gz", "x86-avx512", models={"net2"}).workloads == 0
 
 
 def _hub_lines(path) -> list[dict]:
@@ -215,7 +216,7 @@ def test_a_malformed_hub_is_one_error_and_leaves_nothing(tmp_path, source_db, wh
     path, _, _ = source_db
     good = tmp_path / "good.jsonl.gz"
     with Database(path, read_only=True) as db:
-        hub.write_hub(db, good, "x86-avx512")
+        write_hub(db, good, "x86-avx512")
     bad = tmp_path / "bad.jsonl.gz"
     if what == "not gzip":
         bad.write_text("{}\n")
@@ -232,7 +233,7 @@ def test_a_hub_workload_that_fails_its_check_when_decoded_is_left_out(tmp_path, 
     path, _, _ = source_db
     good = tmp_path / "good.jsonl.gz"
     with Database(path, read_only=True) as db:
-        hub.write_hub(db, good, "x86-avx512")
+        write_hub(db, good, "x86-avx512")
     bad = tmp_path / "bad.jsonl.gz"
     _write_lines(bad, _spoil(_hub_lines(good), what))
     with Database(path, read_only=True) as db:
@@ -268,7 +269,7 @@ def test_a_tune_starts_from_the_hubs_schedule_of_the_same_workload(tmp_path):
     with Database(first, read_only=True) as db:
         isa = hub.isa_class(db.targets(db.workloads()[0].workload_id)[0])
         assert isa is not None, "the host's ISA class is needed for this test"
-        got = hub.write_hub(db, out, isa, per_workload=1)
+        got = write_hub(db, out, isa, per_workload=1)
     assert got.workloads == 1 and got.records == 1
     before = _digest(out)
     fresh = tmp_path / "fresh.db"
@@ -330,7 +331,7 @@ def test_a_hub_decodes_only_the_workloads_of_the_classes_asked_for(tmp_path, mod
         with db.transaction():
             db._c().execute("UPDATE records SET target=?", (AVX512,))
     with Database(tmp_path / "two.db", read_only=True) as db:
-        hub.write_hub(db, tmp_path / "two.jsonl.gz", "x86-avx512")
+        write_hub(db, tmp_path / "two.jsonl.gz", "x86-avx512")
     with hub.HubDatabase(tmp_path / "two.jsonl.gz", AVX512) as h:
         assert [w.name for w in h.workloads(lambda c: c == "matmul")] == ["matmul_128"]
         assert len(h._pending) == 1  # the dense line: not decoded
@@ -354,7 +355,7 @@ def test_a_lookup_ranks_a_hubs_workloads_by_their_lines_and_decodes_the_donors_i
         with db.transaction():
             db._c().execute("UPDATE records SET target=?", (AVX512,))
     with Database(tmp_path / "five.db", read_only=True) as db:
-        hub.write_hub(db, tmp_path / "five.jsonl.gz", "x86-avx512")
+        write_hub(db, tmp_path / "five.jsonl.gz", "x86-avx512")
     lines = _hub_lines(tmp_path / "five.jsonl.gz")
     assert all(line["shapes"] for line in lines[1:])
     _write_lines(tmp_path / "old.jsonl.gz", [lines[0]] + [{k: v for k, v in line.items() if k != "shapes"}

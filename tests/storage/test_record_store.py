@@ -14,6 +14,7 @@ from stormdrop.errors import DatabaseError
 from stormdrop.records import MeasureResult
 from stormdrop.storage import hub
 from stormdrop.storage.database import Database, canonical_target
+from stormdrop.storage.hub_writer import write_hub
 from stormdrop.storage.store import RecordSource, RecordStore
 
 AVX512 = canonical_target(Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}))
@@ -40,7 +41,7 @@ def source(request, stored, tmp_path):
         store = Database(path, read_only=True)
     else:
         with Database(path, read_only=True) as db:
-            hub.write_hub(db, tmp_path / "h.jsonl.gz", "x86-avx512")
+            write_hub(db, tmp_path / "h.jsonl.gz", "x86-avx512")
         store = hub.HubDatabase(tmp_path / "h.jsonl.gz", AVX512)
     yield request.param, store
     store.close()
