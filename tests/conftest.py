@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import atexit
 import fcntl
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -24,6 +26,11 @@ for _folder in sorted(p for p in Path(__file__).resolve().parent.iterdir() if p.
 # No shipped schedule hub in the tests (subprocesses included): what a test tunes and counts must not
 # depend on whether this machine's ISA class has a hub. tests/storage/test_hub.py opts in.
 os.environ["STORMDROP_HUB"] = "off"
+
+# The cost-model prior's trained booster (search.prior_cache) is kept in the session's own directory, never
+# the user's cache: trained once a session, shared by its tests and their subprocesses, removed at the end.
+os.environ["STORMDROP_CACHE"] = tempfile.mkdtemp(prefix="stormdrop-test-cache-")
+atexit.register(shutil.rmtree, os.environ["STORMDROP_CACHE"], True)
 
 
 @pytest.fixture(autouse=True)

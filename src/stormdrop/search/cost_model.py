@@ -26,7 +26,7 @@ import tvm.s_tir.meta_schedule as ms
 from tvm.target import Target
 
 from stormdrop.records import MeasureResult
-from stormdrop.search import prior
+from stormdrop.search import prior, prior_cache
 
 if TYPE_CHECKING:
     from stormdrop.search.space import Candidate
@@ -43,7 +43,8 @@ def new_xgb_model(target: Target, groups: Sequence[prior.PriorGroup] = (), *,
     retrains (``CostModel.trained``) it learns the groups marked ``retrain`` with the workload's
     own measurements, so a large prior ranks the cold start without drowning the workload's
     own data or slowing every update. MetaSchedule's adaptive training is off: it would skip
-    every update smaller than a fifth of the data, i.e. every update of this workload.
+    every update smaller than a fifth of the data, i.e. every update of this workload. The
+    training on the prior is done once a process, and kept between runs (``prior_cache``).
     """
     from tvm.s_tir.meta_schedule.cost_model.xgb_model import FeatureGroup
 
@@ -58,8 +59,12 @@ def new_xgb_model(target: Target, groups: Sequence[prior.PriorGroup] = (), *,
         xs = [f for g in data for f in g.features]
         ys = np.concatenate([np.divide(g.min_cost, g.costs, out=np.zeros_like(g.costs), where=g.costs != 0)
                              for g in data])
-        model._train(xs=xs, ys=ys)  # noqa: SLF001 - MetaSchedule's training on our data groups
-        _PRIOR_CACHE[key] = (data, model.booster)
+
+        def train():
+            model._train(xs=xs, ys=ys)  # noqa: SLF001 - MetaSchedule's training on our data groups
+            return model.booster
+
+        _PRIOR_CACHE[key] = (data, prior_cache.trained_booster(model, xs, ys, train))
     data, booster = _PRIOR_CACHE[key]
     for g, group in zip(data, groups):  # shared read-only: updates only append to this workload's group
         if group.retrain:
