@@ -295,14 +295,18 @@ def _refs(i: int, node: Any) -> list[Any]:
     return [v for name, v in data.items() if v is not None and fields.get(name, True)]
 
 
-_FIELDS: dict[str, tuple[bool, dict[str, bool]] | None] = {}  # type key -> _reference_fields, once a process
+_FIELDS: dict[str, tuple[bool, dict[str, bool]]] = {}  # type key -> _reference_fields, once a process
 
 
 def _fields_of(kind: str) -> tuple[bool, dict[str, bool]] | None:
+    """``_reference_fields`` of a type tvm-ffi knows, asked once a process (an unknown one every time)."""
     if kind not in _FIELDS:
-        if len(_FIELDS) >= 1 << 12:  # type keys come from files: a hostile one may name many
+        fields = _reference_fields(kind)
+        if fields is None:
+            return None
+        if len(_FIELDS) >= 1 << 12:
             _FIELDS.clear()
-        _FIELDS[kind] = _reference_fields(kind)
+        _FIELDS[kind] = fields
     return _FIELDS[kind]
 
 
