@@ -63,3 +63,14 @@ def test_with_the_cache_off_nothing_is_written(monkeypatch, tmp_path, groups):
     monkeypatch.setenv("STORMDROP_CACHE", "off")
     cost_model.new_xgb_model(TARGET, groups)
     assert not (tmp_path / "cache").exists()
+
+
+def test_a_cache_that_cannot_be_written_costs_the_training_not_the_run(monkeypatch, tmp_path, groups):
+    blocked = tmp_path / "a file"
+    blocked.write_text("")
+    monkeypatch.setenv("STORMDROP_CACHE", str(blocked / "cache"))  # a directory under a file: never made
+    calls = _trainings(monkeypatch)
+    first = _scores(cost_model.new_xgb_model(TARGET, groups), groups)
+    monkeypatch.setattr(cost_model, "_PRIOR_CACHE", {})
+    assert np.array_equal(_scores(cost_model.new_xgb_model(TARGET, groups), groups), first)
+    assert len(calls) == 2 and blocked.read_text() == ""
