@@ -294,10 +294,9 @@ class HubDatabase(Database):
             line = self._known[k]
             if line is None:
                 continue
-            wid = self._ids.get(line.lineno, -1)
-            if wid == -1:
+            if line.lineno not in self._ids:
                 out.append(line)
-            elif wid is not None and wid in entries:
+            elif (wid := self._ids[line.lineno]) is not None and wid in entries:
                 out.append(entries.pop(wid))
         return out + list(entries.values())  # lines without shapes, decoded above
 

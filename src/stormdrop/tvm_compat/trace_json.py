@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import re
 from collections.abc import Container
@@ -215,17 +216,11 @@ def check_object_graph(text: str) -> int:
     return _graph_depth(_parsed_graph(text))
 
 
-_CHECKED: dict[str, int] = {}  # graphs in traces that passed check_object_graph: a hub's index maps repeat
-
-
+@functools.lru_cache(maxsize=1 << 12)
 def _checked_once(text: str) -> int:
-    """``check_object_graph(text)``, remembered for a text that passes (a few thousand at most)."""
-    if text not in _CHECKED:
-        depth = check_object_graph(text)
-        if len(_CHECKED) >= 1 << 12:
-            _CHECKED.clear()
-        _CHECKED[text] = depth
-    return _CHECKED[text]
+    """``check_object_graph(text)``, remembered for a text that passes (a refused one raises again):
+    a hub's traces repeat their index maps."""
+    return check_object_graph(text)
 
 
 def _checked_graph(text: str) -> dict:
