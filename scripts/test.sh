@@ -9,10 +9,13 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1 \
     || echo "scripts/test.sh: could not install chromium; the browser test will be skipped" >&2
 fi
-# tests/measure/test_arm.py links candidates for aarch64 boards: the distribution's cross compiler
-if ! command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc-aarch64-linux-gnu; } >/dev/null 2>&1 \
-    || echo "scripts/test.sh: could not install gcc-aarch64-linux-gnu; the aarch64 build test will be skipped" >&2
+# tests/measure/test_arm*.py link candidates for aarch64 boards (the distribution's cross compiler) and
+# run them under user-mode emulation (qemu-user)
+if { ! command -v aarch64-linux-gnu-gcc || ! command -v qemu-aarch64; } >/dev/null 2>&1 \
+    && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc-aarch64-linux-gnu qemu-user; } \
+    >/dev/null 2>&1 \
+    || echo "scripts/test.sh: could not install gcc-aarch64-linux-gnu and qemu-user; the aarch64 tests will be skipped" >&2
 fi
 python -m ruff check src tests benchmarks
 # Two test processes by default (the suite mostly waits on subprocesses, servers and timers), then the

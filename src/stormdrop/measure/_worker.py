@@ -16,7 +16,7 @@ import time
 import traceback
 from typing import Any
 
-from stormdrop.measure.reference import build_reference, build_references
+from stormdrop.measure.reference import build_reference, build_references, reference_inputs
 from stormdrop.measure.tracker import RpcConfig, connect_tracker, free_devices, knock, renewal_due
 
 
@@ -247,19 +247,9 @@ class _RunnerState:
         of the library ``lib`` when a builder compiled it (``_build_reference``), else built here."""
         import numpy as np
         import tvm
-        from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
         mod = tvm.ir.load_json(mod_json)
-        rng = np.random.default_rng(seed)
-        arrays = []
-        for info in ArgInfo.from_prim_func(mod["main"]):
-            shape = [int(x) for x in info.shape]
-            dtype = str(info.dtype)
-            if dtype.startswith(("int", "uint")):
-                arr = rng.integers(0, 8, size=shape).astype(dtype)
-            else:
-                arr = rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
-            arrays.append(arr)
+        arrays = reference_inputs(mod, seed)
         if lib is None:
             rt_mod, function = self._built_reference(key, mod), "main"
         elif self._reference_lib is not None and self._reference_lib[0] == lib:

@@ -22,6 +22,24 @@ GROUP_MAX = 16  # the most references compiled into one library
 GROUPS_PER_BUILDER = 4  # smaller groups while fewer would leave a builder fewer than this many
 
 
+def reference_inputs(mod: Any, seed: int) -> list[Any]:
+    """Random arguments of ``mod``'s ``main``, as every candidate of it is checked on: integers in
+    [0, 8), floats uniform in [-1, 1), drawn from ``seed`` in parameter order."""
+    import numpy as np
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for info in ArgInfo.from_prim_func(mod["main"]):
+        shape = [int(x) for x in info.shape]
+        dtype = str(info.dtype)
+        if dtype.startswith(("int", "uint")):
+            arrays.append(rng.integers(0, 8, size=shape).astype(dtype))
+        else:
+            arrays.append(rng.uniform(-1.0, 1.0, size=shape).astype(dtype))
+    return arrays
+
+
 def reference_target(target: Any) -> Any:
     """The target a workload's untuned reference is compiled for: on a CPU, LLVM at -O1 instead of
     -O3. A reference runs once, so LLVM's own compile (done at its first call) is most of its cost
