@@ -77,9 +77,14 @@ class Reuse:
             return self._vetted(fastest_transfers(groups, budget, partial(self.model.predict, learn=False), exact), exact)
         rank = partial(self.model.predict, learn=False) if pool > 1 else None
         picks = chosen_transfers(groups, budget, rank, whole=in_sketches)
-        if cfg.spill_veto > 0 and self._spilling(picks, exact):  # SPILL_SPARE more to stand in for them
-            picks = self._unspilled(chosen_transfers(made(SPILL_SPARE), budget + SPILL_SPARE, rank, whole=in_sketches),
-                                    budget, exact)
+        vetoed = cfg.vector_veto and self._unvectorized(picks, exact)
+        if vetoed or (cfg.spill_veto > 0 and self._spilling(picks, exact)):  # SPILL_SPARE more to stand in
+            pool = chosen_transfers(made(SPILL_SPARE), budget + SPILL_SPARE, rank, whole=in_sketches)
+            if cfg.vector_veto:
+                pool = self._vectorized_first(pool, exact)
+            picks = self._unspilled(pool, budget, exact) if cfg.spill_veto > 0 else pool[:budget]
+        if vetoed:
+            picks = [self._with_vectors(c, exact) for c in picks]
         if cfg.unroll_spills > 0:
             picks = [c if c.key in exact else self._unroll_fitted(c) for c in picks]
         return self._vetted(picks, exact)
@@ -122,6 +127,46 @@ class Reuse:
         if candidate.key not in self._spill_counts:
             self._spill_counts[candidate.key] = vector_spills(candidate.mod, self.sketches.target)
         return self._spill_counts[candidate.key]
+
+    def _unvectorized(self, picks: list[Candidate], exact: set[str]) -> bool:
+        """Whether, on an LLVM CPU target, a pick that is not this very workload's schedule runs a
+        reduction in no vector loop along its output (``search.vectors``)."""
+        from stormdrop.search.vectors import unvectorized
+
+        if self.sketches.target.kind.name != "llvm":
+            return False
+        return any(c.key not in exact and unvectorized(c.mod) for c in picks)
+
+    def _vectorized_first(self, pool: list[Candidate], exact: set[str]) -> list[Candidate]:
+        """``pool`` with the transfers whose reductions all run as vectors (and this very workload's
+        schedules) first, each part in its order."""
+        from stormdrop.search.vectors import unvectorized
+
+        scalar = {c.key for c in pool if c.key not in exact and unvectorized(c.mod)}
+        if scalar and len(scalar) < len(pool):
+            log.debug("reuse: %d of %d transfers to %s run a reduction without vectors and give way", len(scalar),
+                      len(pool), self.entry.name)
+        return [c for c in pool if c.key not in scalar] + [c for c in pool if c.key in scalar]
+
+    def _with_vectors(self, candidate: Candidate, exact: set[str]) -> Candidate:
+        """``candidate``, or where a reduction of it runs without vectors (``search.vectors``), the
+        first of its register-blocked micro-kernel shapes (``DecisionSpace.register_tiles``, whole
+        vectors on the output's last axis, its parallel factors kept as far as they divide) whose
+        reductions all run as vectors; ``candidate`` where none does. This very workload's
+        schedules (``exact``) are kept as they are."""
+        from stormdrop.search.vectors import unvectorized
+
+        lanes = vector_lanes(self.sketches.target) or 0
+        if candidate.key in exact or not lanes or not unvectorized(candidate.mod):
+            return candidate
+        space = self._space(candidate)
+        for position in space.register_tiles(space.start, lanes, nearest_parallel=True):
+            other = space.apply(position, phase=candidate.phase)
+            if other is not None and not unvectorized(other.mod):
+                log.debug("reuse: a transfer to %s runs a reduction without vectors: its tiles %s taken",
+                          self.entry.name, position)
+                return other
+        return candidate
 
     def _spilling(self, picks: list[Candidate], exact: set[str]) -> bool:
         """Whether a pick that is not this very workload's schedule spills more than the veto."""

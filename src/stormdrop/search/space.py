@@ -213,7 +213,8 @@ class DecisionSpace:
                 out += [(v - position[k], position[:k] + (v,) + position[k + 1:]) for v in values]
         return out
 
-    def register_tiles(self, position: tuple, lanes: int, registers: int | None = None) -> list[tuple]:
+    def register_tiles(self, position: tuple, lanes: int, registers: int | None = None,
+                       nearest_parallel: bool = False) -> list[tuple]:
         """Positions whose innermost spatial tiles form a register-blocked micro-kernel.
 
         The first multi-level-tiled block's spatial loops (4-level tiles, in loop order,
@@ -223,6 +224,8 @@ class DecisionSpace:
         becomes 1 and the rest goes to the second level. The parallel (outermost) level
         either keeps the position's factors or runs the vector loop's outer part across
         the cores. Positions with fewer parallel chunks than two per core are left out.
+        A kept parallel factor that no longer divides its loop is 1, or with
+        ``nearest_parallel`` the largest divisor below it.
         """
         if registers is None:  # the ISA's vector registers: 32 with AVX-512's 16 lanes, 16 with AVX2's 8
             registers = 32 if lanes >= 16 else 16
@@ -253,8 +256,11 @@ class DecisionSpace:
                         outer = extent[k] // f
                         if across_vector:
                             p0 = outer if k == vec else 1
+                        elif outer % position[k][0] == 0:
+                            p0 = position[k][0]
                         else:
-                            p0 = position[k][0] if outer % position[k][0] == 0 else 1
+                            p0 = max((d for d in range(1, position[k][0]) if outer % d == 0), default=1) \
+                                if nearest_parallel else 1
                         new[k] = (p0, outer // p0, 1, f)
                     if _prod(tuple(new[k][0] for k in factors)) >= 2 * self.num_cores:
                         out.append(tuple(new))

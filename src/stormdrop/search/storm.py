@@ -110,6 +110,11 @@ class StormConfig:
     # search.spills) for the next transfer that does not, from up to SPILL_SPARE more (the spilling
     # ones last, fewest spills first, where none is left). 0: off.
     spill_veto: int = 0
+    # On LLVM CPU targets, reuse passes over a transfer in which a reduction block runs in no vector
+    # loop along the last axis it writes (search.vectors: a refitted tile of 1 on the contiguous axis
+    # leaves the product scalar) for the next transfer that has one, from up to SPILL_SPARE more
+    # (kept in order where none has).
+    vector_veto: bool = True
     # k > 0, on LLVM CPU targets: a transfer whose kernel spills more than k vector registers more than
     # at another unroll depth is taken at the deepest depth that spills at most k more than the least
     # (Reuse._unroll_fitted; each checked depth compiled once). 0: off.
