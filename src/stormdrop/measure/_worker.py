@@ -16,7 +16,13 @@ import time
 import traceback
 from typing import Any
 
-from stormdrop.measure.reference import build_reference, build_references, reference_inputs
+from stormdrop.measure.reference import (
+    build_reference,
+    build_references,
+    changed_arguments,
+    packed_calls,
+    reference_inputs,
+)
 from stormdrop.measure.tracker import RpcConfig, connect_tracker, free_devices, knock, renewal_due
 
 
@@ -245,7 +251,6 @@ class _RunnerState:
     def _reference(self, key: str, mod_json: str, seed: int, lib: str | None, function: str) -> list[list[Any]]:
         """Random inputs for ``key`` and the outputs of its untuned (or reference) build: ``function``
         of the library ``lib`` when a builder compiled it (``_build_reference``), else built here."""
-        import numpy as np
         import tvm
 
         mod = tvm.ir.load_json(mod_json)
@@ -261,9 +266,7 @@ class _RunnerState:
         rt_mod[function](*args)
         self.dev.sync()
         results = [a.numpy() for a in args]
-        self.outputs[key] = [i for i, (a, r) in enumerate(zip(arrays, results)) if not np.array_equal(a, r)]
-        if not self.outputs[key]:  # outputs that happen to equal their random start: check the last arg
-            self.outputs[key] = [len(arrays) - 1]
+        self.outputs[key] = changed_arguments(arrays, results)
         self.inputs[key] = arrays
         self.expected[key] = results
         return [[len(arrays)], self.outputs[key]]
@@ -300,10 +303,15 @@ class _RunnerState:
         inputs = self.inputs[key]
         if plan is None:
             return [tvm.runtime.tensor(a, self.dev) for a in inputs], list(range(len(inputs)))
-        packed = [tvm.runtime.tensor(np.zeros(shape, dtype), self.dev) for shape, dtype in plan["outputs"]]
-        rt_mod["pack"](*[tvm.runtime.tensor(inputs[i], self.dev) for i in plan["inputs"]], *packed)
-        args = [tvm.runtime.tensor(inputs[i], self.dev) if kind == "arg" else packed[i] for kind, i in plan["args"]]
-        return args, [i if kind == "arg" else -1 for kind, i in plan["args"]]
+        pack, main, params = packed_calls(plan, len(inputs))
+        packed = {len(inputs) + j: tvm.runtime.tensor(np.zeros(shape, dtype), self.dev)
+                  for j, (shape, dtype) in enumerate(plan["outputs"])}
+
+        def buffers(indices: list[int]) -> list[Any]:  # the packed weights shared, each input a fresh copy
+            return [packed[i] if i in packed else tvm.runtime.tensor(inputs[i], self.dev) for i in indices]
+
+        rt_mod["pack"](*buffers(pack))
+        return buffers(main), params
 
     def _run(self, key: str, built: dict, number: int, repeat: int, min_repeat_ms: float,
              cache_flush: bool, check: bool, warmup_ms: float) -> dict:

@@ -40,6 +40,25 @@ def reference_inputs(mod: Any, seed: int) -> list[Any]:
     return arrays
 
 
+def changed_arguments(inputs: list[Any], results: list[Any]) -> list[int]:
+    """The indices of a kernel's outputs: the arguments its reference run changed (``results``
+    against ``inputs``), or the last argument where none changed (an output that happens to equal
+    its random start)."""
+    import numpy as np
+
+    return [i for i, (a, r) in enumerate(zip(inputs, results)) if not np.array_equal(a, r)] or [len(inputs) - 1]
+
+
+def packed_calls(plan: dict, count: int) -> tuple[list[int], list[int], list[int]]:
+    """A candidate with packed weights (a builder's ``pack`` plan) run on buffers numbered as its
+    kernel's ``count`` parameters, then the packed weights: the buffers of its ``pack`` call, of its
+    ``main`` call, and the kernel parameter each ``main`` argument is (-1: a packed weight)."""
+    packed = range(count, count + len(plan["outputs"]))
+    main = [i if kind == "arg" else count + i for kind, i in plan["args"]]
+    params = [i if kind == "arg" else -1 for kind, i in plan["args"]]
+    return [*plan["inputs"], *packed], main, params
+
+
 def reference_target(target: Any) -> Any:
     """The target a workload's untuned reference is compiled for: on a CPU, LLVM at -O1 instead of
     -O3. A reference runs once, so LLVM's own compile (done at its first call) is most of its cost

@@ -127,7 +127,7 @@ def reference_outputs(mod: Any, seed: int) -> tuple[list[np.ndarray], list[np.nd
     arguments it changed; the last one where none changed)."""
     import tvm
 
-    from stormdrop.measure.reference import build_reference, reference_inputs
+    from stormdrop.measure.reference import build_reference, changed_arguments, reference_inputs
     from stormdrop.target import host_target
 
     inputs = reference_inputs(mod, seed)
@@ -135,8 +135,7 @@ def reference_outputs(mod: Any, seed: int) -> tuple[list[np.ndarray], list[np.nd
     args = [tvm.runtime.tensor(a, tvm.cpu(0)) for a in inputs]
     rt_mod["main"](*args)
     results = [a.numpy() for a in args]
-    outputs = [i for i, (a, r) in enumerate(zip(inputs, results)) if not np.array_equal(a, r)]
-    return inputs, results, outputs or [len(inputs) - 1]
+    return inputs, results, changed_arguments(inputs, results)
 
 
 def check_emulated(target: Any, mod: Any, built: dict, seed: int = 0) -> str:
@@ -144,6 +143,7 @@ def check_emulated(target: Any, mod: Any, built: dict, seed: int = 0) -> str:
     plan ``pack``) of workload ``mod`` computes the reference outputs when run under emulation:
     "" where it does, else how it differs (one line, ``measure.outputs.difference``)."""
     from stormdrop.measure.outputs import difference
+    from stormdrop.measure.reference import packed_calls
 
     inputs, expected, outputs = reference_outputs(mod, seed)
     n = len(inputs)
@@ -154,9 +154,8 @@ def check_emulated(target: Any, mod: Any, built: dict, seed: int = 0) -> str:
         params = list(range(n))
     else:  # weights packed by the library's own ``pack`` first, as the runner does
         buffers += [np.zeros(shape, dtype) for shape, dtype in plan["outputs"]]
-        calls = [("pack", [*plan["inputs"], *range(n, n + len(plan["outputs"]))]),
-                 ("main", [i if kind == "arg" else n + i for kind, i in plan["args"]])]
-        params = [i if kind == "arg" else -1 for kind, i in plan["args"]]
+        pack, main, params = packed_calls(plan, n)
+        calls = [("pack", pack), ("main", main)]
     got = run_emulated(target, built["timed"], buffers, calls)
     for buf, i in zip(calls[-1][1], params):
         if i in outputs and (wrong := difference(i, got[buf], expected[i])):
