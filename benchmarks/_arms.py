@@ -33,6 +33,9 @@ _ARMS = {"cold_tuned": ("tuned with the caches flushed (--cache-flush", "tuned w
                            "as lowered", "padded height / as lowered", False, "output height padded"),
          "nchw_shuffles": ("tuned with channel shuffles in NCHW (--nhwc-shuffles ab", "NHWC shuffles",
                            "NCHW / NHWC shuffles", False, "NCHW shuffles"),
+         "winograd_exact": ("tuned with Winograd kept under small budgets only where the donors hold each kernel "
+                            "itself (--winograd-related ab", "related donors", "exact / related", False,
+                            "Winograd from exact donors only"),
          "direct": ("tuned with every convolution direct (--winograd-ab", "as lowered", "direct / as lowered", False,
                     "direct"),
          "no_hub": ("tuned without the schedule hub (--hub ab", "with the hub", "no hub / hub", False, "no hub"),
@@ -124,6 +127,8 @@ LOWERING_SWITCHES = {
                       "convolutions of their inputs"),
     "nhwc_shuffles": ("nchw_shuffles", "an NHWC model's channel shuffles (and the slices and concatenations "
                       "around them) computed in NHWC"),
+    "winograd_related": ("winograd_exact", "under a budget too small for Winograd kernels, auto Winograd kept "
+                         "where the donors hold Winograd kernels of each one's tile size, not only each itself"),
 }
 
 

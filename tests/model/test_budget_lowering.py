@@ -16,17 +16,20 @@ from stormdrop.target import host_target
 from stormdrop.workloads.models import load_model
 
 
-def conv48(tmp_path) -> str:
-    """A 1x1 then a 48-channel 3x3 convolution at 28x28 (a Winograd kernel under --winograd auto)."""
+def conv48(tmp_path, channels: int = 48) -> str:
+    """A 1x1 then a 48-channel (``channels``) 3x3 convolution at 28x28 (a Winograd kernel under
+    --winograd auto)."""
     rng = np.random.default_rng(0)
-    w = numpy_helper.from_array((rng.standard_normal((48, 48, 3, 3)) * 0.05).astype("float32"), "w")
-    w1 = numpy_helper.from_array((rng.standard_normal((48, 3, 1, 1)) * 0.3).astype("float32"), "w1")
+    c = channels
+    w = numpy_helper.from_array((rng.standard_normal((c, c, 3, 3)) * 0.05).astype("float32"), "w")
+    w1 = numpy_helper.from_array((rng.standard_normal((c, 3, 1, 1)) * 0.3).astype("float32"), "w1")
     graph = helper.make_graph(  # a 1x1 first: the model's NCHW input is read by it, the 3x3 gets NHWC
         [helper.make_node("Conv", ["input", "w1"], ["p"], kernel_shape=[1, 1]),
          helper.make_node("Conv", ["p", "w"], ["c"], pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
          helper.make_node("Relu", ["c"], ["output"])], "conv48",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 28, 28])],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 48, 28, 28])], initializer=[w, w1])
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, c, 28, 28])], initializer=[w, w1])
+    graph.name = f"conv{c}"
     return _saved(graph, tmp_path)
 
 
@@ -255,3 +258,45 @@ def test_a_trial_cap_below_the_task_count_still_gives_every_task_a_schedule(tmp_
     assert measured == len(result.tasks)  # one each: the raised cap, no more
     told = [r.getMessage() for r in caplog.records if "--trials 2 cannot give" in r.getMessage()]
     assert len(told) == 1 and f"raised to {len(result.tasks)}" in told[0], told
+
+
+def test_related_winograd_donors_keep_winograd_under_a_small_budget_where_switched_on(tmp_path):
+    """``Lowering.winograd_related``: a donor holding a Winograd kernel of the same tile size for
+    another shape (a transfer's donor, not this workload) keeps the model's Winograd kernels of 64
+    channels under a budget too small for them, at extraction (``first_lowering``) and for the
+    tasks (``budgeted_tasks``); one of another tile size does not, nor does reuse off, nor 48
+    channels (``RELATED_MIN_CHANNELS``, input and output); with the switch off only the kernels
+    themselves keep them."""
+    from types import SimpleNamespace
+
+    from stormdrop.lowering.pipeline import Lowering
+    from stormdrop.lowering.winograd import kernel_key
+    from stormdrop.model import tune as model_tune
+    from stormdrop.workloads import parse_kernel
+
+    model, target = load_model(conv48(tmp_path, 64)), host_target()
+    related = Lowering(winograd_related=True)
+    alpha6, alpha4 = (parse_kernel(f"conv2d:N=1,C=32,H=16,W=16,K=32,R=3,S=3,pad=1,layout=NHWC,winograd={m}").mod
+                      for m in (4, 2))
+    assert kernel_key(alpha6)[1:] == (32, 6) and kernel_key(alpha4)[1:] == (32, 4)
+
+    def donor(mod):
+        return SimpleNamespace(modules_of_class=lambda word: [mod] * (word == "conv2d_winograd"),
+                               find_workload=lambda m: None)
+
+    def winograd_kept(lowering, donors, reuse=True, model=model):
+        _, tasks, kept = model_tune.budgeted_extraction(model, target, lowering, (6, None), donors, reuse)
+        assert any("winograd" in k.name for k, _ in tasks) == (kept == lowering)
+        return kept == lowering
+
+    assert winograd_kept(related, [donor(alpha6)])
+    assert not winograd_kept(related, [donor(alpha6)], model=load_model(conv48(tmp_path)))
+    assert not winograd_kept(related, [donor(alpha4)])
+    assert not winograd_kept(related, [donor(alpha6)], reuse=False)
+    assert not winograd_kept(Lowering(winograd_related=False), [donor(alpha6)])
+    # the tasks' own check, given tasks extracted with Winograd (a first lowering that kept them)
+    extracted = (related, extract_tasks(model, target, related))
+    _, tasks, kept = model_tune.budgeted_tasks(model, target, related, extracted, (6, None), [donor(alpha6)], True)
+    assert kept == related and any("winograd" in k.name for k, _ in tasks)
+    _, tasks, kept = model_tune.budgeted_tasks(model, target, related, extracted, (6, None), [donor(alpha4)], True)
+    assert kept.winograd == "off" and not any("winograd" in k.name for k, _ in tasks)

@@ -79,6 +79,11 @@ class Lowering:
     modules) computed as partial convolutions of their inputs, summed (``concat_split``), on CPUs.
     ``nhwc_shuffles``: an NHWC model's channel shuffles (ShuffleNet's) computed in NHWC, and the
     slices and concatenations around them (``shuffles``). On by default.
+    ``winograd_related``: under a budget too small for Winograd kernels (``for_budget``), ``auto``
+    keeps them where reuse's donors (the schedule hub) hold Winograd kernels of the same tile size
+    for every one of them, tuned for other shapes (transfers), and every one reads and writes at
+    least 64 channels; not only where they hold each one itself (``model.tune.budgeted_tasks``).
+    On by default.
     """
 
     layout: str = "auto"
@@ -97,6 +102,7 @@ class Lowering:
     concat_copies: bool = True
     split_concats: bool = False
     nhwc_shuffles: bool = True
+    winograd_related: bool = True
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:

@@ -146,7 +146,7 @@ def first_lowering(model: Model, target: Target, lowering: Lowering, budget: tup
         return lowering
     convolutions, winograd = lowering.convolutions(model.mod, target)
     direct = lowering.for_budget(trials, convolutions, time_budget)
-    if direct == lowering or not winograd or (reuse and set(winograd) <= _held_winograd(donor_dbs)):
+    if direct == lowering or not winograd or (reuse and _donors_hold(lowering, winograd, _held_winograd(donor_dbs))):
         return lowering
     return direct
 
@@ -157,6 +157,24 @@ def _held_winograd(donor_dbs: list) -> set[tuple]:
             if (key := winograd_kernel_key(mod)) is not None}
 
 
+RELATED_MIN_CHANNELS = 64  # input and output channels (the GEMM's depth and width) of every kernel it keeps
+
+
+def _donors_hold(lowering: Lowering, keys: Sequence[tuple], held: set[tuple]) -> bool:
+    """Whether the donors' Winograd kernels (``held``, ``winograd.kernel_key`` each) start every one
+    of ``keys`` (input shape, output channels, alpha): each itself, or ``_related``."""
+    return set(keys) <= held or _related(lowering, keys, held)
+
+
+def _related(lowering: Lowering, keys: Sequence[tuple], held: set[tuple]) -> bool:
+    """With ``Lowering.winograd_related``: whether the donors hold a Winograd kernel of each one's
+    tile size (alpha) for another shape and every one reads and writes at least
+    ``RELATED_MIN_CHANNELS`` channels (its GEMM, which a transfer starts well, outweighs its
+    transforms)."""
+    return lowering.winograd_related and all(min(key[0][-1], key[1]) >= RELATED_MIN_CHANNELS for key in keys) \
+        and {key[2] for key in keys} <= {key[2] for key in held}
+
+
 def budgeted_tasks(model: Model, target: Target, lowering: Lowering,
                    extracted: tuple[Lowering, tuple[tvm.IRModule, list]], budget: tuple[int | None, float | None],
                    donor_dbs: list, reuse: bool) -> tuple[tvm.IRModule, list[tuple[Kernel, int]], Lowering]:
@@ -164,7 +182,8 @@ def budgeted_tasks(model: Model, target: Target, lowering: Lowering,
     from ``extracted`` (the lowering the tasks were extracted with, ``first_lowering``, and its fused
     module and tasks): every convolution direct where the budget is too small for Winograd kernels
     (``Lowering.for_budget``), unless ``reuse`` is on and the donors (the schedule hub among them)
-    hold every one of them."""
+    hold every one of them (with ``Lowering.winograd_related``: Winograd kernels of each one's tile
+    size)."""
     first, (fused, tasks) = extracted
     trials, time_budget = budget
     budget_words = f"{trials} trials" if trials is not None else f"a {time_budget or 0:.0f}-s budget"
@@ -180,6 +199,12 @@ def budgeted_tasks(model: Model, target: Target, lowering: Lowering,
     if reuse and all(tuned_in(k.mod, canonical(target), donor_dbs) for k in winograd):
         log.info("%s: %s for %d tasks: Winograd kept, every Winograd kernel has tuned schedules "
                  "among the donors (the schedule hub)", model.name, budget_words, len(tasks))
+        return fused, tasks, lowering
+    keys = [key for k in winograd if (key := winograd_kernel_key(k.mod)) is not None]
+    if reuse and lowering.winograd_related and len(keys) == len(winograd) \
+            and _related(lowering, keys, _held_winograd(donor_dbs)):
+        log.info("%s: %s for %d tasks: Winograd kept, the donors (the schedule hub) hold Winograd kernels "
+                 "of each one's tile size", model.name, budget_words, len(tasks))
         return fused, tasks, lowering
     log.info(direct)
     return *extract_tasks(model, target, budgeted), budgeted
