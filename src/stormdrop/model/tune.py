@@ -10,6 +10,7 @@ Relax VM, and checked against ONNX Runtime (ONNX inputs) or the untuned build.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import re
@@ -134,19 +135,21 @@ def extract_tasks(model: Model, target: Target, lowering: Lowering | None = None
 
 
 def first_lowering(model: Model, target: Target, lowering: Lowering, budget: tuple[int | None, float | None],
-                   donor_dbs: list, reuse: bool) -> Lowering:
+                   donor_dbs: list, reuse: bool, held: Callable[[], set[tuple]] | None = None) -> Lowering:
     """The lowering to extract a model's tasks with under ``budget`` (trials, time budget): every
     convolution direct where the budget is too small for Winograd kernels (``Lowering.for_budget``)
     whatever the task count (at least one task per distinct convolution, ``Lowering.convolutions``)
     and reuse could not start them all from the donors (a donor, the schedule hub among them,
     lacks a Winograd kernel of one of their shapes); else ``lowering``, which ``budgeted_tasks``
-    may still make direct. An extraction lowers the whole model: seconds for a large one."""
+    may still make direct. An extraction lowers the whole model: seconds for a large one. ``held``:
+    the donors' Winograd kernels (``_held_winograd``), read when first needed."""
     trials, time_budget = budget
     if lowering.winograd != "auto" or (trials is None and not time_budget):
         return lowering
     convolutions, winograd = lowering.convolutions(model.mod, target)
     direct = lowering.for_budget(trials, convolutions, time_budget)
-    if direct == lowering or not winograd or (reuse and _donors_hold(lowering, winograd, _held_winograd(donor_dbs))):
+    held = held or (lambda: _held_winograd(donor_dbs))
+    if direct == lowering or not winograd or (reuse and _donors_hold(lowering, winograd, held())):
         return lowering
     return direct
 
@@ -177,13 +180,14 @@ def _related(lowering: Lowering, keys: Sequence[tuple], held: set[tuple]) -> boo
 
 def budgeted_tasks(model: Model, target: Target, lowering: Lowering,
                    extracted: tuple[Lowering, tuple[tvm.IRModule, list]], budget: tuple[int | None, float | None],
-                   donor_dbs: list, reuse: bool) -> tuple[tvm.IRModule, list[tuple[Kernel, int]], Lowering]:
+                   donor_dbs: list, reuse: bool, held: Callable[[], set[tuple]] | None = None
+                   ) -> tuple[tvm.IRModule, list[tuple[Kernel, int]], Lowering]:
     """The fused module, tasks and lowering a tune under ``budget`` (trials, time budget) works on,
     from ``extracted`` (the lowering the tasks were extracted with, ``first_lowering``, and its fused
     module and tasks): every convolution direct where the budget is too small for Winograd kernels
     (``Lowering.for_budget``), unless ``reuse`` is on and the donors (the schedule hub among them)
     hold every one of them (with ``Lowering.winograd_related``: Winograd kernels of each one's tile
-    size)."""
+    size; ``held`` as ``first_lowering`` takes it)."""
     first, (fused, tasks) = extracted
     trials, time_budget = budget
     budget_words = f"{trials} trials" if trials is not None else f"a {time_budget or 0:.0f}-s budget"
@@ -201,8 +205,8 @@ def budgeted_tasks(model: Model, target: Target, lowering: Lowering,
                  "among the donors (the schedule hub)", model.name, budget_words, len(tasks))
         return fused, tasks, lowering
     keys = [key for k in winograd if (key := winograd_kernel_key(k.mod)) is not None]
-    if reuse and lowering.winograd_related and len(keys) == len(winograd) \
-            and _related(lowering, keys, _held_winograd(donor_dbs)):
+    held = held or (lambda: _held_winograd(donor_dbs))
+    if reuse and lowering.winograd_related and len(keys) == len(winograd) and _related(lowering, keys, held()):
         log.info("%s: %s for %d tasks: Winograd kept, the donors (the schedule hub) hold Winograd kernels "
                  "of each one's tile size", model.name, budget_words, len(tasks))
         return fused, tasks, lowering
@@ -213,10 +217,11 @@ def budgeted_tasks(model: Model, target: Target, lowering: Lowering,
 def budgeted_extraction(model: Model, target: Target, lowering: Lowering, budget: tuple[int | None, float | None],
                         donor_dbs: list, reuse: bool) -> tuple[tvm.IRModule, list[tuple[Kernel, int]], Lowering]:
     """The fused module, tasks and lowering a tune under ``budget`` works on: extracted with
-    ``first_lowering``, then ``budgeted_tasks``."""
-    first = first_lowering(model, target, lowering, budget, donor_dbs, reuse)
+    ``first_lowering``, then ``budgeted_tasks`` (the donors' Winograd kernels read once for both)."""
+    held = functools.cache(lambda: _held_winograd(donor_dbs))
+    first = first_lowering(model, target, lowering, budget, donor_dbs, reuse, held)
     return budgeted_tasks(model, target, lowering, (first, extract_tasks(model, target, first)), budget, donor_dbs,
-                          reuse)
+                          reuse, held)
 
 
 @contextlib.contextmanager
